@@ -1,0 +1,240 @@
+"""The pipeline's configuration: one pydantic model, `PipelineConfig`, and how to load it.
+
+`PipelineConfig` is the flow's parameter (the Prefect UI renders it as a form) and loads from
+YAML with `--set a.b=value` overrides. Every model forbids unknown keys, so a typo is an error
+that names the key instead of a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+STAGES = ("download", "tokenize", "generate", "extract", "hidden_states", "train", "evaluate")
+Stage = Literal["download", "tokenize", "generate", "extract", "hidden_states", "train", "evaluate"]
+
+
+class ConfigError(ValueError):
+    """A configuration file or override that cannot be used; the message says where and why."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DatasetSpec(_Strict):
+    source: str = Field(description="Tag carried into every record (e.g. 'arith', 'glaive').")
+    path: str = Field(
+        description="Hugging Face hub dataset id, or a local .json/.jsonl/.parquet file.",
+    )
+    split: str = Field("train", description="Dataset split to read.")
+    limit: int | None = Field(None, ge=1, description="Read at most this many rows (None: all).")
+    revision: str | None = Field(None, description="Hub revision (commit or tag) to pin.")
+    name: str | None = Field(None, description="Hub dataset config name, if any.")
+
+
+class TargetConfig(_Strict):
+    model: str = Field(
+        "runs/demo/models/fixture", description="Target model: a local folder or a hub model id."
+    )
+    trust_remote_code: bool = Field(
+        False, description="Allow the model's own Python code to run. Only for models you trust."
+    )
+    revision: str | None = Field(None, description="Hub revision to pin (hub ids only).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Dtype the embedded engine and feature extraction load the model in."
+    )
+
+
+class TokenizeConfig(_Strict):
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra keyword arguments for apply_chat_template (e.g. enable_thinking).",
+    )
+    max_prompt_tokens: int = Field(
+        768, ge=8, description="Prompts longer than this are dropped and counted in the manifest."
+    )
+    regenerate: Literal["last"] = Field(
+        "last",
+        description="Which assistant turn to regenerate: 'last' drops the final assistant turn "
+        "and asks the target to answer the conversation so far.",
+    )
+
+
+class GenerationConfig(_Strict):
+    engine: Literal["local", "vllm", "sglang", "openai"] = Field(
+        "local", description="local = transformers in-process; the others are HTTP servers."
+    )
+    endpoints: list[str] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8000"],
+        description="Base URLs of the inference servers (HTTP engines).",
+    )
+    served_model: str = Field("tiny", description="Model name the server expects (HTTP engines).")
+    max_tokens: int = Field(256, ge=1, le=1_000_000, description="Maximum output tokens.")
+    temperature: float = Field(0.0, ge=0.0, le=10.0, description="0 = greedy decoding.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    seed: int = Field(0, description="Sampling seed.")
+    stop: list[str] = Field(default_factory=list, description="Extra stop strings.")
+    concurrency: int = Field(128, ge=1, le=100_000, description="Requests in flight (HTTP).")
+    batch_size: int = Field(16, ge=1, le=4096, description="Prompts per batch (local engine).")
+
+
+class ReasoningConfig(_Strict):
+    format: Literal["auto", "think_open_in_prompt", "think_in_output", "none"] = Field(
+        "auto",
+        description="How the target marks its reasoning. auto = detect from the tokenizer and "
+        "chat template.",
+    )
+    min_capture_rate: float = Field(
+        0.9,
+        ge=0.0,
+        le=1.0,
+        description="Quality gate: fail when fewer records than this have reasoning split out "
+        "(formats that reason).",
+    )
+    max_truncation_rate: float = Field(
+        0.2, ge=0.0, le=1.0, description="Quality gate: fail when more records hit max_tokens."
+    )
+
+
+class HiddenStatesConfig(_Strict):
+    aux_layer_ids: list[int] | None = Field(
+        None,
+        description="Target layers whose states feed the draft, in the vLLM/speculators "
+        "convention (id i = HF hidden_states[i], the input of layer i). None = (2, N//2, N-3).",
+    )
+    shard_tokens: int = Field(
+        65536, ge=256, description="Tokens per safetensors shard before a new one is started."
+    )
+    batch_size: int = Field(8, ge=1, le=1024, description="Sequences per target forward.")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Stored feature dtype.")
+
+
+class TrainConfig(_Strict):
+    epochs: int = Field(8, ge=1, le=1000, description="Passes over the training tokens.")
+    lr: float = Field(1e-3, gt=0.0, le=1.0, description="Peak learning rate (AdamW).")
+    batch_size: int = Field(8, ge=1, le=4096, description="Sequences per step.")
+    ttt_length: int = Field(4, ge=1, le=16, description="Training-time-test unroll steps.")
+    draft_vocab_size: int = Field(
+        32000, ge=2, description="Draft vocabulary size (capped at the distinct tokens seen)."
+    )
+    max_seq_len: int = Field(1024, ge=16, description="Longer sequences are truncated.")
+    holdout_fraction: float = Field(
+        0.1,
+        ge=0.0,
+        lt=1.0,
+        description="Fraction of samples (by sample_id hash) kept out of training for evaluation.",
+    )
+    seed: int = Field(0, description="Training seed.")
+
+
+class EvaluateConfig(_Strict):
+    num_speculative_tokens: int = Field(4, ge=1, le=16, description="Draft chain length k.")
+    max_new_tokens: int = Field(128, ge=1, description="Tokens generated per held-out prompt.")
+    max_prompts: int = Field(24, ge=1, description="Held-out prompts evaluated.")
+
+
+class PipelineConfig(_Strict):
+    """Everything one eaglet run needs. Each stage reads only its own sub-model."""
+
+    name: str = Field("demo", description="Run name, shown in Prefect and in reports.")
+    work_dir: str = Field("runs/demo", description="Folder for every stage's outputs.")
+    target: TargetConfig = Field(default_factory=TargetConfig)
+    datasets: list[DatasetSpec] = Field(
+        default_factory=lambda: [
+            DatasetSpec(source="arith", path="runs/demo/data/arith.jsonl"),
+            DatasetSpec(source="tools", path="runs/demo/data/tools.jsonl"),
+            DatasetSpec(source="mixed", path="runs/demo/data/mixed.parquet"),
+        ],
+        description="Datasets to regenerate answers for.",
+    )
+    tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    reasoning: ReasoningConfig = Field(default_factory=ReasoningConfig)
+    hidden_states: HiddenStatesConfig = Field(default_factory=HiddenStatesConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+
+    @field_validator("datasets")
+    @classmethod
+    def _unique_sources(cls, datasets: list[DatasetSpec]) -> list[DatasetSpec]:
+        tags = [d.source for d in datasets]
+        duplicated = sorted({t for t in tags if tags.count(t) > 1})
+        if duplicated:
+            raise ValueError(f"dataset source tags must be unique; repeated: {duplicated}")
+        return datasets
+
+
+def _format_validation_error(error: ValidationError, origin: str) -> str:
+    lines = [f"invalid configuration in {origin}:"]
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"  unknown key '{where}'")
+        else:
+            lines.append(f"  {where}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def parse_override(override: str) -> tuple[list[str], Any]:
+    """Split 'a.b=value' into (['a', 'b'], value), the value parsed as YAML (so 3, true, [..])."""
+    if "=" not in override:
+        raise ConfigError(f"override '{override}' is not of the form key.path=value")
+    dotted, raw = override.split("=", 1)
+    path = [part for part in dotted.strip().split(".") if part]
+    if not path:
+        raise ConfigError(f"override '{override}' has an empty key")
+    return path, yaml.safe_load(raw) if raw.strip() else ""
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for override in overrides:
+        path, value = parse_override(override)
+        node: Any = data
+        for depth, part in enumerate(path[:-1]):
+            if isinstance(node, list):
+                node = node[int(part)]
+                continue
+            if part not in node or node[part] is None:
+                node[part] = {}
+            node = node[part]
+            if not isinstance(node, dict | list):
+                raise ConfigError(
+                    f"override '{override}': '{'.'.join(path[: depth + 1])}' is not a section"
+                )
+        if isinstance(node, list):
+            node[int(path[-1])] = value
+        else:
+            node[path[-1]] = value
+    return data
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None
+) -> PipelineConfig:
+    """Read a YAML file (or the defaults when `path` is None) and apply `a.b=value` overrides."""
+    data: dict[str, Any] = {}
+    origin = "defaults"
+    if path is not None:
+        origin = str(path)
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {path}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of keys")
+        data = loaded or {}
+    try:
+        config = PipelineConfig.model_validate(data)
+        if overrides:
+            origin += " with overrides " + " ".join(overrides)
+            data = apply_overrides(config.model_dump(), overrides)
+            config = PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, origin)) from None
+    return config

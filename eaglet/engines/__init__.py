@@ -1,0 +1,36 @@
+"""Generation engines: `make_engine` picks the one the config names."""
+
+from __future__ import annotations
+
+from eaglet.config import PipelineConfig
+from eaglet.engines.base import Engine, SamplingParams
+
+
+def sampling_params(config: PipelineConfig) -> SamplingParams:
+    gen = config.generation
+    return SamplingParams(
+        max_tokens=gen.max_tokens,
+        temperature=gen.temperature,
+        top_p=gen.top_p,
+        seed=gen.seed,
+        stop=list(gen.stop),
+    )
+
+
+def make_engine(config: PipelineConfig) -> Engine:
+    engine = config.generation.engine
+    if engine == "local":
+        from eaglet.engines.local import LocalEngine
+
+        return LocalEngine(
+            config.target.model,
+            sampling_params(config),
+            batch_size=config.generation.batch_size,
+            dtype=config.target.dtype,
+            trust_remote_code=config.target.trust_remote_code,
+            revision=config.target.revision,
+        )
+    raise NotImplementedError(
+        f"generation.engine={engine!r} is not built yet in this version of eaglet; "
+        "use generation.engine=local"
+    )

@@ -1,0 +1,100 @@
+"""The embedded engine: the target in-process with transformers, batched, greedy or sampled.
+
+It is the default so the whole pipeline runs on a laptop with no server; output ids are the
+model's own tokens, so its records are token-exact like those of the vLLM and SGLang engines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from eaglet.engines.base import SamplingParams
+from eaglet.prompts import end_token_ids
+from eaglet.records import Generation, Prompt
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class LocalEngine:
+    name = "local"
+
+    def __init__(
+        self,
+        model: str,
+        params: SamplingParams,
+        batch_size: int = 16,
+        dtype: str = "float32",
+        trust_remote_code: bool = False,
+        revision: str | None = None,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.params = params
+        self.batch_size = batch_size
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            model, trust_remote_code=trust_remote_code, revision=revision
+        )
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, revision=revision
+        ).eval()
+        self.eos_ids = end_token_ids(model, self.tokenizer, revision)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.eos_ids[0]
+
+    def generate(self, prompts: Iterable[Prompt]) -> Iterator[Generation]:
+        # Similar lengths in a batch waste less compute on padding.
+        ordered = sorted(prompts, key=lambda p: len(p.prompt_ids))
+        for start in range(0, len(ordered), self.batch_size):
+            yield from self._generate_batch(ordered[start : start + self.batch_size])
+
+    @torch.inference_mode()
+    def _generate_batch(self, batch: list[Prompt]) -> list[Generation]:
+        width = max(len(p.prompt_ids) for p in batch)
+        # Left padding: every prompt ends at the same column, where generation starts.
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)  # [B, P]
+        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)  # [B, P]
+        for row, prompt in enumerate(batch):
+            n = len(prompt.prompt_ids)
+            input_ids[row, width - n :] = torch.tensor(prompt.prompt_ids)
+            attention_mask[row, width - n :] = 1
+        sampled = self.params.temperature > 0
+        if sampled:
+            torch.manual_seed(self.params.seed)
+        output = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=self.params.max_tokens,
+            do_sample=sampled,
+            temperature=self.params.temperature if sampled else None,
+            top_p=self.params.top_p if sampled else None,
+            top_k=None,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            stop_strings=self.params.stop or None,
+            tokenizer=self.tokenizer if self.params.stop else None,
+        )  # [B, P + new]
+        records = []
+        for row, prompt in enumerate(batch):
+            new_ids = output[row, width:].tolist()
+            output_ids, finish_reason = _cut_at_end(new_ids, self.eos_ids, self.pad_id)
+            records.append(
+                Generation(
+                    sample_id=prompt.sample_id,
+                    source=prompt.source,
+                    prompt_ids=prompt.prompt_ids,
+                    output_ids=output_ids,
+                    finish_reason=finish_reason,
+                    engine=self.name,
+                )
+            )
+        return records
+
+
+def _cut_at_end(new_ids: list[int], eos_ids: list[int], pad_id: int) -> tuple[list[int], str]:
+    """Keep tokens up to and including the first end token; after it comes only padding."""
+    for index, token in enumerate(new_ids):
+        if token in eos_ids:
+            return new_ids[: index + 1], "stop"
+    return new_ids, "length"

@@ -1,0 +1,11 @@
+"""Which samples are held out of training for evaluation: a pure function of the sample id."""
+
+from __future__ import annotations
+
+import hashlib
+
+
+def is_heldout(sample_id: str, fraction: float) -> bool:
+    """True for about `fraction` of ids, always the same ones, whatever the order or the run."""
+    bucket = int(hashlib.sha256(f"holdout:{sample_id}".encode()).hexdigest()[:8], 16)
+    return bucket / 0x1_0000_0000 < fraction

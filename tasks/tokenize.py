@@ -1,0 +1,63 @@
+"""The tokenize stage as a Prefect task: samples → chat-templated `prompts.jsonl`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefect import get_run_logger, task
+
+from eaglet.config import PipelineConfig
+from eaglet.prompts import PromptError, load_tokenizer, render_prompt
+from eaglet.records import Sample, read_jsonl, record_line
+from eaglet.storage import StageOutput
+from tasks.caching import StageCache, run_stage_task
+
+
+@task(
+    name="tokenize",
+    cache_policy=StageCache(stage="tokenize"),
+    persist_result=True,
+    result_serializer="json",
+)
+def tokenize(config: PipelineConfig, samples: dict, refresh: bool = False) -> dict:
+    logger = get_run_logger()
+
+    def body(folder: Path) -> StageOutput:
+        target = config.target
+        tokenizer = load_tokenizer(target.model, target.trust_remote_code, target.revision)
+        kept = rejected = too_long = 0
+        with (
+            open(folder / "prompts.jsonl", "w", encoding="utf-8") as out,
+            open(folder / "rejected.jsonl", "w", encoding="utf-8") as rejects,
+        ):
+            for sample in read_jsonl(Path(samples["path"]) / "samples.jsonl", Sample):
+                try:
+                    prompt = render_prompt(sample, tokenizer, config.tokenize.chat_template_kwargs)
+                except PromptError as exc:
+                    rejected += 1
+                    rejects.write(json.dumps({"sample_id": sample.sample_id, "why": str(exc)}))
+                    rejects.write("\n")
+                    continue
+                if len(prompt.prompt_ids) > config.tokenize.max_prompt_tokens:
+                    too_long += 1
+                    rejects.write(json.dumps({"sample_id": sample.sample_id, "why": "too long"}))
+                    rejects.write("\n")
+                    continue
+                out.write(record_line(prompt))
+                kept += 1
+        if rejected or too_long:
+            logger.warning(
+                "%d samples could not be templated and %d were over %d prompt tokens; "
+                "their ids and reasons are in rejected.jsonl",
+                rejected,
+                too_long,
+                config.tokenize.max_prompt_tokens,
+            )
+        return StageOutput(
+            counts={"records": kept, "rejected": rejected, "too_long": too_long}, info={}
+        )
+
+    return run_stage_task(
+        "tokenize", config, {"samples": samples}, body, refresh=refresh
+    ).model_dump()

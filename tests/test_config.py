@@ -1,0 +1,66 @@
+"""PipelineConfig: YAML loading, overrides, and errors that name the offending key."""
+
+import pytest
+
+from eaglet.config import ConfigError, PipelineConfig, load_config
+
+
+def test_defaults_serve_the_demo():
+    config = load_config(None)
+    assert config.generation.engine == "local"
+    assert {d.source for d in config.datasets} == {"arith", "tools", "mixed"}
+
+
+def test_yaml_file_and_overrides_apply_in_order(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "name: arith\nwork_dir: runs/arith\ngeneration:\n  engine: vllm\n  max_tokens: 64\n"
+        "datasets:\n  - source: arith\n    path: data/arith.jsonl\n    limit: 200\n"
+    )
+    config = load_config(path, ["generation.max_tokens=32", "datasets.0.limit=5", "train.lr=0.01"])
+    assert config.name == "arith"
+    assert config.generation.engine == "vllm"
+    assert config.generation.max_tokens == 32
+    assert config.datasets[0].limit == 5
+    assert config.train.lr == 0.01
+
+
+def test_unknown_key_in_file_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("generation:\n  engine: local\n  max_token: 64\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'generation.max_token'"):
+        load_config(path)
+
+
+def test_unknown_key_in_override_is_an_error_naming_it():
+    with pytest.raises(ConfigError, match=r"unknown key 'train.learning_rate'"):
+        load_config(None, ["train.learning_rate=3"])
+
+
+def test_out_of_bounds_value_is_rejected_with_its_path():
+    with pytest.raises(ConfigError, match=r"generation.temperature"):
+        load_config(None, ["generation.temperature=-1"])
+
+
+def test_bad_engine_name_is_rejected():
+    with pytest.raises(ConfigError, match=r"generation.engine"):
+        load_config(None, ["generation.engine=tgi"])
+
+
+def test_duplicate_source_tags_are_rejected():
+    with pytest.raises(ConfigError, match="repeated"):
+        load_config(
+            None, ["datasets=[{source: a, path: x.jsonl}, {source: a, path: y.jsonl}]"]
+        )
+
+
+def test_missing_file_names_the_path(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_schema_has_descriptions_for_the_ui_form():
+    schema = PipelineConfig.model_json_schema()
+    generation = schema["$defs"]["GenerationConfig"]["properties"]
+    assert generation["engine"]["enum"] == ["local", "vllm", "sglang", "openai"]
+    assert all("description" in field for field in generation.values())
