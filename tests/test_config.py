@@ -49,9 +49,7 @@ def test_bad_engine_name_is_rejected():
 
 def test_duplicate_source_tags_are_rejected():
     with pytest.raises(ConfigError, match="repeated"):
-        load_config(
-            None, ["datasets=[{source: a, path: x.jsonl}, {source: a, path: y.jsonl}]"]
-        )
+        load_config(None, ["datasets=[{source: a, path: x.jsonl}, {source: a, path: y.jsonl}]"])
 
 
 def test_missing_file_names_the_path(tmp_path):

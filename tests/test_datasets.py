@@ -23,11 +23,13 @@ OPENAI = {
             "role": "assistant",
             "content": "",
             "tool_calls": [
-                {"type": "function", "function": {"name": "get_weather",
-                                                  "arguments": "{\"city\": \"Oslo\"}"}}
+                {
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                }
             ],
         },
-        {"role": "tool", "content": "{\"temp\": 3}"},
+        {"role": "tool", "content": '{"temp": 3}'},
         {"role": "assistant", "content": "It is 3 degrees."},
     ],
     "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}],
@@ -72,8 +74,9 @@ def test_limit_reads_only_the_first_rows(tmp_path):
 
 def test_parquet_files_read_through_datasets(tmp_path):
     path = tmp_path / "m.parquet"
-    pd.DataFrame({"messages_json": [json.dumps(OPENAI["messages"])],
-                  "tools": [json.dumps(OPENAI["tools"])]}).to_parquet(path)
+    pd.DataFrame(
+        {"messages_json": [json.dumps(OPENAI["messages"])], "tools": [json.dumps(OPENAI["tools"])]}
+    ).to_parquet(path)
     [sample] = read_samples(DatasetSpec(source="m", path=str(path)))
     assert sample.messages[-1]["content"] == "It is 3 degrees."
     assert sample.tools[0]["function"]["name"] == "get_weather"

@@ -12,8 +12,11 @@ token_lists = st.lists(st.integers(min_value=0, max_value=12), max_size=60)
 
 @given(token_lists)
 def test_every_format_splits_into_parts_that_concatenate_back(output_ids):
-    for reasoning_format in (ThinkOpenInPrompt(OPEN, CLOSE), ThinkInOutput(OPEN, CLOSE),
-                             NoReasoning()):
+    for reasoning_format in (
+        ThinkOpenInPrompt(OPEN, CLOSE),
+        ThinkInOutput(OPEN, CLOSE),
+        NoReasoning(),
+    ):
         split = reasoning_format.split(output_ids, END_IDS)
         assert split.all_ids() == output_ids
 

@@ -13,8 +13,16 @@ from eaglet.storage import StageOutput, read_manifest, run_stage
 
 
 def run_simple(tmp_path, body, key="k1", **kwargs):
-    return run_stage(work_dir=tmp_path, stage="demo", key=key, code_hash="c", config={},
-                     upstream=[], body=body, **kwargs)
+    return run_stage(
+        work_dir=tmp_path,
+        stage="demo",
+        key=key,
+        code_hash="c",
+        config={},
+        upstream=[],
+        body=body,
+        **kwargs,
+    )
 
 
 def test_completed_stage_folder_has_manifest_with_file_hashes(tmp_path):
@@ -82,10 +90,12 @@ def test_stage_key_changes_with_config_of_the_stage_only(tmp_path):
 
 def test_code_hash_covers_helpers_in_the_whole_module(tmp_path, monkeypatch):
     module = tmp_path / "eaglet_probe_module.py"
-    module.write_text(textwrap.dedent("""
+    module.write_text(
+        textwrap.dedent("""
         def helper():
             return 1
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(cache.STAGE_MODULES, "probe", ("eaglet_probe_module",))
     before = cache.code_hash("probe")
