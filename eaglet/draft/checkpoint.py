@@ -1,0 +1,184 @@
+"""Files of the draft: the exportable checkpoint and the trainer's resumable state.
+
+Owns two on-disk formats, neither using pickle:
+
+* the draft checkpoint (`save_draft` / `load_draft`): `config.json` + `model.safetensors` in the
+  EAGLE-3 layout that vLLM (`LlamaForCausalLMEagle3` -> `Eagle3LlamaForCausalLM`) and SGLang load:
+  `midlayer.*`, `fc.weight`, `norm.weight`, `lm_head.weight`, `d2t` (int64 [Vd]), `t2d` (bool [V]).
+  The aux layer ids are written as given, top level and under `eagle_config`, with the convention
+  they are in under `eaglet.aux_layer_convention`.
+* the training state (`save_training_state` / `load_training_state`): model + optimizer tensors
+  and RNG state as safetensors, step/epoch/param groups as JSON, and the draft vocab as JSON.
+Directories are written next to their final place and renamed in, so a crash never leaves a
+half-written checkpoint where a reader would look.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from eaglet.draft.model import Eagle3Config, Eagle3Draft
+from eaglet.draft.vocab import DraftVocab
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+def draft_config_json(
+    config: Eagle3Config, aux_layer_ids: list[int], aux_layer_convention: str
+) -> dict:
+    ids = [int(i) for i in aux_layer_ids]
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "max_position_embeddings": config.max_position_embeddings,
+        "vocab_size": config.vocab_size,
+        "draft_vocab_size": config.draft_vocab_size,
+        "target_hidden_size": config.target_hidden_size,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": "float32",
+        "eagle_aux_hidden_state_layer_ids": ids,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+        "eaglet": {"aux_layer_convention": aux_layer_convention},
+    }
+
+
+def config_from_json(d: dict) -> Eagle3Config:
+    return Eagle3Config(
+        hidden_size=d["hidden_size"],
+        intermediate_size=d["intermediate_size"],
+        num_attention_heads=d["num_attention_heads"],
+        num_key_value_heads=d["num_key_value_heads"],
+        head_dim=d["head_dim"],
+        vocab_size=d["vocab_size"],
+        draft_vocab_size=d["draft_vocab_size"],
+        target_hidden_size=d.get("target_hidden_size", d["hidden_size"]),
+        rms_norm_eps=d["rms_norm_eps"],
+        rope_theta=d["rope_theta"],
+        max_position_embeddings=d["max_position_embeddings"],
+        num_aux_layers=len(d.get("eagle_aux_hidden_state_layer_ids", [0, 0, 0])),
+    )
+
+
+def _tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+
+
+def _move_into_place(tmp: Path, final: Path) -> None:
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _fresh_tmp(final: Path) -> Path:
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def save_draft(
+    model: Eagle3Draft, out_dir: Path, aux_layer_ids: list[int], aux_layer_convention: str
+) -> Path:
+    """Write `config.json` + `model.safetensors` (float32) into `out_dir`."""
+    out_dir = Path(out_dir)
+    tmp = _fresh_tmp(out_dir)
+    config = draft_config_json(model.config, aux_layer_ids, aux_layer_convention)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(_tensors(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    _move_into_place(tmp, out_dir)
+    return out_dir
+
+
+def load_draft(draft_dir: Path, device: str | torch.device = "cpu") -> tuple[Eagle3Draft, dict]:
+    """The draft and its config.json dict, exactly as saved."""
+    draft_dir = Path(draft_dir)
+    config = json.loads((draft_dir / "config.json").read_text())
+    model = Eagle3Draft(config_from_json(config))
+    model.load_state_dict(load_file(str(draft_dir / "model.safetensors")), strict=True)
+    return model.to(device), config
+
+
+# --------------------------------------------------------------------------- training state
+
+
+def save_training_state(
+    state_dir: Path,
+    model: Eagle3Draft,
+    optimizer: torch.optim.Optimizer,
+    vocab: DraftVocab,
+    meta: dict,
+) -> None:
+    """model.safetensors, optimizer.safetensors (+ groups in meta), rng.safetensors, vocab.json,
+    state.json (`meta` plus optimizer param groups)."""
+    state_dir = Path(state_dir)
+    tmp = _fresh_tmp(state_dir)
+    save_file(_tensors(model), str(tmp / "model.safetensors"))
+
+    opt = optimizer.state_dict()
+    opt_tensors, opt_scalars = {}, {}
+    for idx, per_param in opt["state"].items():
+        for key, value in per_param.items():
+            if torch.is_tensor(value):
+                opt_tensors[f"{idx}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                opt_scalars[f"{idx}.{key}"] = value
+    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+
+    rng = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng.update({f"cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    save_file(rng, str(tmp / "rng.safetensors"))
+
+    vocab.save(tmp / "vocab.json")
+    state = dict(meta, optimizer_param_groups=opt["param_groups"], optimizer_scalars=opt_scalars)
+    (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+    _move_into_place(tmp, state_dir)
+
+
+def load_training_state(
+    state_dir: Path, model: Eagle3Draft, optimizer: torch.optim.Optimizer
+) -> tuple[dict, DraftVocab]:
+    """Restore model, optimizer and RNG in place; return (meta, vocab)."""
+    state_dir = Path(state_dir)
+    state = json.loads((state_dir / "state.json").read_text())
+    model.load_state_dict(load_file(str(state_dir / "model.safetensors")), strict=True)
+
+    per_param: dict[int, dict] = {}
+    for name, value in load_file(str(state_dir / "optimizer.safetensors")).items():
+        idx, key = name.split(".", 1)
+        per_param.setdefault(int(idx), {})[key] = value  # load_state_dict moves it to the params
+    for name, value in state.pop("optimizer_scalars").items():
+        idx, key = name.split(".", 1)
+        per_param.setdefault(int(idx), {})[key] = value
+    groups = state.pop("optimizer_param_groups")
+    for group in groups:
+        if "betas" in group:
+            group["betas"] = tuple(group["betas"])
+    optimizer.load_state_dict({"state": per_param, "param_groups": groups})
+
+    rng = load_file(str(state_dir / "rng.safetensors"))
+    torch.set_rng_state(rng["cpu"])
+    cuda_keys = sorted((k for k in rng if k.startswith("cuda.")), key=lambda k: int(k[5:]))
+    cuda_states = [rng[k] for k in cuda_keys]
+    if cuda_states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda_states)
+    return state, DraftVocab.load(state_dir / "vocab.json")

@@ -1,0 +1,216 @@
+"""The EAGLE-3 draft model: one Llama-style decoder layer over (token embedding, fused features).
+
+Owns the network and nothing else: no data, no loss, no files. Read top to bottom like a Hugging
+Face modeling file: config -> RMSNorm -> rotary -> attention -> MLP -> decoder layer ("midlayer")
+-> model (fc + midlayer + norm + lm_head + the d2t/t2d vocab maps).
+
+One draft step maps (embedding of the next token, a hidden state) to (a new pre-norm hidden state,
+draft-vocab logits). The hidden input is `fc(aux)` (three target layers fused) at the first step
+and the draft's own previous output afterwards. Keys/values of earlier steps are passed back in as
+`past_key_values` and concatenated with the current step's keys before the softmax, so the same
+`forward` serves training-time test (TTT, all positions at once, block mask from
+`ttt_attention_mask`) and inference (one position, everything visible). Parameter names are the
+EAGLE/SGLang/vLLM checkpoint names (`midlayer.self_attn.q_proj.weight`, `fc.weight`, ...).
+Embeddings are the target's, frozen, and are passed in: they are not part of this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # one (k, v) per earlier step, [B, n_kv, S, D]
+
+
+@dataclass
+class Eagle3Config:
+    hidden_size: int  # H, equal to the target's hidden size
+    intermediate_size: int  # I, MLP width
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int  # V, the target vocabulary (t2d is [V])
+    draft_vocab_size: int  # Vd, rows of lm_head (d2t is [Vd])
+    target_hidden_size: int  # fc input is 3 * target_hidden_size
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 32768
+    num_aux_layers: int = 3
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Llama "default" RoPE, rotate-half (neox) layout, as vLLM applies it to this draft."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D/2]
+
+    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids.float()[..., None] * self.inv_freq  # [B, T, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [B, T, D]
+        return emb.cos()[:, None], emb.sin()[:, None]  # [B, 1, T, D] each
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin  # [B, heads, T, D]
+
+
+def ttt_attention_mask(seq_len: int, step: int, device: torch.device | None = None) -> torch.Tensor:
+    """Which keys a query may see at TTT step `step` (0-based), all positions at once.
+
+    Keys are [step-0 keys (seq_len) | step-1 keys (seq_len) | ... | step-`step` keys]. The query at
+    index t sees step-0 keys at indices <= t (causal) and, for each later step, only the key at
+    index t (the diagonal): that is what position t's drafted chain looks like at inference.
+    Returns bool [seq_len, (step + 1) * seq_len], True = visible.
+    """
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+    diagonal = torch.eye(seq_len, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [diagonal] * step, dim=-1)
+
+
+class Eagle3Attention(nn.Module):
+    """GQA self-attention whose input is [norm(embedding), norm(hidden)], 2H wide."""
+
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        in_features = 2 * config.hidden_size
+        self.q_proj = nn.Linear(in_features, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(in_features, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(in_features, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, T, 2H]
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        past_key_values: KVCache,
+        attention_mask: torch.Tensor | None,  # bool [T, S_total] or [B, 1, T, S_total]; None = all
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        B, T, _ = x.shape
+        h, kv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        q = self.q_proj(x).view(B, T, h, D).transpose(1, 2)  # [B, h, T, D]
+        k = self.k_proj(x).view(B, T, kv, D).transpose(1, 2)  # [B, kv, T, D]
+        v = self.v_proj(x).view(B, T, kv, D).transpose(1, 2)  # [B, kv, T, D]
+        q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
+
+        # keys of earlier steps first, this step's last: [B, kv, S_total, D]
+        all_k = torch.cat([pk for pk, _ in past_key_values] + [k], dim=2)
+        all_v = torch.cat([pv for _, pv in past_key_values] + [v], dim=2)
+        all_k = all_k.repeat_interleave(h // kv, dim=1)  # [B, h, S_total, D]
+        all_v = all_v.repeat_interleave(h // kv, dim=1)
+
+        out = F.scaled_dot_product_attention(q, all_k, all_v, attn_mask=attention_mask)  # [B,h,T,D]
+        out = out.transpose(1, 2).reshape(B, T, h * D)
+        return self.o_proj(out), (k, v)  # [B, T, H]; this step's rotated k/v for later steps
+
+
+class Eagle3MLP(nn.Module):
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Eagle3DecoderLayer(nn.Module):
+    """The "midlayer": pre-norm Llama block whose attention also reads the token embedding."""
+
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # on embeddings
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # on hidden input
+        self.self_attn = Eagle3Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = Eagle3MLP(config)
+
+    def forward(self, embeds, hidden, cos_sin, past_key_values, attention_mask):
+        residual = hidden  # [B, T, H], pre-norm
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B,T,2H]
+        attn_out, kv = self.self_attn(x, cos_sin, past_key_values, attention_mask)
+        hidden = residual + attn_out  # [B, T, H]
+        hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))  # [B, T, H]
+        return hidden, kv
+
+
+class Eagle3Draft(nn.Module):
+    """fc (fuse 3 target layers) -> midlayer -> norm -> lm_head, plus d2t/t2d buffers."""
+
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        self.config = config
+        aux_width = config.num_aux_layers * config.target_hidden_size
+        self.fc = nn.Linear(aux_width, config.hidden_size, bias=False)
+        self.midlayer = Eagle3DecoderLayer(config)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+        # d2t[i] = target_id(i) - i (EAGLE convention); t2d[v] = v is in the draft vocab
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def fuse(self, aux_hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.fc(aux_hidden_states)  # [B, T, 3H_target] -> [B, T, H]
+
+    def forward(
+        self,
+        input_embeds: torch.Tensor,  # [B, T, H], target embeddings of the tokens fed at this step
+        hidden_states: torch.Tensor,  # [B, T, H], fuse(aux) at step 0, own output afterwards
+        position_ids: torch.Tensor,  # [B, T]
+        past_key_values: KVCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, KVCache]:
+        """One draft step. Returns the pre-norm output [B, T, H] and the cache with this step's
+        (k, v) appended; logits are `compute_logits(output)`."""
+        past_key_values = list(past_key_values or [])
+        cos_sin = self.rotary(position_ids)
+        hidden, kv = self.midlayer(
+            input_embeds, hidden_states, cos_sin, past_key_values, attention_mask
+        )
+        return hidden, past_key_values + [kv]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))  # [B, T, Vd]
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]

@@ -1,0 +1,256 @@
+"""Training and offline evaluation end to end on a tiny target, on CPU.
+
+The target is a random `Qwen3ForCausalLM` whose embeddings dominate its residual stream and whose
+lm_head maps token v's embedding to the row of perm[v]: its greedy continuation follows a fixed
+permutation (with the random layers as small context noise), so a draft can learn it in seconds.
+The training data are the target's own greedy answers to random prompts, written in the
+hidden-states shard format, exactly as the pipeline's hidden-state stage writes them.
+"""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from eaglet.draft.checkpoint import load_draft
+from eaglet.evaluate import (
+    evaluate_draft,
+    load_target,
+    plot_acceptance,
+    propose,
+    target_forward,
+    untrained_baseline,
+)
+from eaglet.train import HiddenStatesData, TrainSettings, train_draft, ttt_unroll
+
+HIDDEN, VOCAB, LAYERS, PROMPT_LEN, ANSWER_LEN = 64, 300, 6, 12, 40
+AUX_IDS = [1, 3, 5]  # HF hidden_states indices (vLLM convention)
+CONVENTION = "hf_hidden_states_index"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matmuls: one thread is several times faster than two on a shared 2-core box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_target(path, seed: int = 0) -> Qwen3ForCausalLM:
+    config = Qwen3Config(
+        hidden_size=HIDDEN,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        vocab_size=VOCAB,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        initializer_range=0.02,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).eval()
+    g = torch.Generator().manual_seed(seed)
+    embed = torch.randn(VOCAB, HIDDEN, generator=g)  # std 1: dominates the 0.02-init layers
+    perm = torch.randperm(VOCAB, generator=g)
+    lm_head = torch.zeros(VOCAB, HIDDEN)
+    lm_head[perm] = embed / HIDDEN**0.5  # token v -> greedy perm[v], margin ~ sqrt(HIDDEN)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(embed)
+        model.lm_head.weight.copy_(lm_head)
+    model.save_pretrained(path)
+    return model
+
+
+def random_prompts(n: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, VOCAB, (n, PROMPT_LEN), generator=g).tolist()
+
+
+@torch.no_grad()
+def write_hidden_state_shards(model, out_dir, prompts, answer_len, aux_ids, per_shard=16):
+    """The target's greedy answers to `prompts`, as hidden-state shards + index.jsonl."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sequences = model.generate(
+        torch.tensor(prompts),
+        do_sample=False,
+        max_new_tokens=answer_len,
+        min_new_tokens=answer_len,
+    )
+    index = []
+    for first in range(0, len(sequences), per_shard):
+        shard = f"shard-{first // per_shard:05d}.safetensors"
+        tensors = {
+            "input_ids": [],
+            "loss_mask": [],
+            "aux_hidden_states": [],
+            "final_hidden_states": [],
+        }
+        offset = 0
+        for row, seq in enumerate(sequences[first : first + per_shard]):
+            hs = model(seq[None], output_hidden_states=True, use_cache=False).hidden_states
+            mask = torch.zeros(len(seq), dtype=torch.uint8)
+            mask[len(prompts[first + row]) :] = 1  # the answer is model output
+            tensors["input_ids"].append(seq)
+            tensors["loss_mask"].append(mask)
+            tensors["aux_hidden_states"].append(torch.cat([hs[i][0] for i in aux_ids], -1))
+            tensors["final_hidden_states"].append(hs[-1][0])  # post final norm in HF
+            index.append(
+                {
+                    "sample_id": f"s{first + row}",
+                    "shard": shard,
+                    "offset": offset,
+                    "length": len(seq),
+                }
+            )
+            offset += len(seq)
+        save_file({k: torch.cat(v).contiguous() for k, v in tensors.items()}, str(out_dir / shard))
+    lines = "".join(json.dumps(entry) + "\n" for entry in index)
+    (out_dir / "index.jsonl").write_text(lines)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eagle")
+    model = make_target(root / "target")
+    write_hidden_state_shards(model, root / "hs", random_prompts(64, seed=1), ANSWER_LEN, AUX_IDS)
+    return root
+
+
+def settings(**overrides) -> TrainSettings:
+    kw = dict(
+        epochs=20,
+        lr=1e-2,
+        batch_size=8,
+        draft_vocab_size=256,
+        warmup_steps=5,
+        log_every=5,
+        intermediate_size=128,
+        seed=0,
+    )
+    return TrainSettings(**(kw | overrides))
+
+
+def test_shards_follow_the_contract(world):
+    data = HiddenStatesData(world / "hs")
+    assert len(data) == 64 and data.aux_width() == 3 * HIDDEN
+    item = data[3]
+    assert item["input_ids"].shape == (PROMPT_LEN + ANSWER_LEN,)
+    assert item["loss_mask"][:PROMPT_LEN].sum() == 0 and item["loss_mask"][PROMPT_LEN:].all()
+    target = load_target(world / "target")
+    logits = target.lm_head(item["final_hidden_states"])
+    ref = target(item["input_ids"][None], use_cache=False).logits[0]
+    torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def trained(world):
+    progress = []
+    summary = train_draft(
+        world / "hs",
+        world / "target",
+        world / "run",
+        settings(),
+        AUX_IDS,
+        CONVENTION,
+        progress=progress.append,
+    )
+    return summary, progress
+
+
+def test_training_lowers_loss_and_writes_outputs(trained, world):
+    summary, progress = trained
+    assert summary["steps"] == summary["total_steps"] == 20 * 8
+    assert summary["final_loss"] < 0.5 * summary["initial_loss"]
+    assert min(summary["final_acc"]) > 0.9
+    assert summary["draft_vocab_size"] == 256 and 0.8 < summary["vocab_coverage"] < 1.0
+    assert summary["train_samples"] == 64 and summary["train_tokens"] == 64 * 52
+    assert progress[-1]["step"] == 160 and len(progress[-1]["acc"]) == 4
+    metrics = [json.loads(line) for line in (world / "run" / "metrics.jsonl").open()]
+    assert [m["step"] for m in metrics] == list(range(5, 161, 5))
+    assert {"step", "epoch", "loss", "acc", "lr", "tokens_per_s"} <= set(metrics[0])
+    assert (world / "run" / "loss.png").stat().st_size > 0
+    draft, config = load_draft(world / "run" / "draft")
+    assert config["eagle_aux_hidden_state_layer_ids"] == AUX_IDS
+    assert config["intermediate_size"] == 128 and config["vocab_size"] == VOCAB
+    assert config["eaglet"]["aux_layer_convention"] == CONVENTION
+
+
+def test_training_raises_tau_over_untrained(trained, world, tmp_path):
+    prompts = random_prompts(6, seed=99)  # unseen prompts, same distribution
+    args = (world / "run" / "draft", world / "target", prompts)
+    report = evaluate_draft(*args, num_speculative_tokens=4, max_new_tokens=32)
+    baseline = untrained_baseline(*args, num_speculative_tokens=4, max_new_tokens=32)
+    print(f"tau trained {report['tau']:.3f} untrained {baseline['tau']:.3f}")
+    assert report["outputs_match_greedy"] and baseline["outputs_match_greedy"]
+    assert report["new_tokens"] == baseline["new_tokens"] == 6 * 32
+    assert baseline["tau"] < 1.3
+    assert report["tau"] > 3.0
+    assert report["num_rounds"] < baseline["num_rounds"]
+    acc = report["per_position_acceptance"]
+    assert len(acc) == 4 and all(a >= b for a, b in zip(acc, acc[1:], strict=False))
+    assert report["tau"] == pytest.approx(1 + report["accepted_tokens"] / report["num_rounds"])
+    plot_acceptance(report, tmp_path / "acceptance.png")
+    assert (tmp_path / "acceptance.png").stat().st_size > 0
+
+
+def test_eval_drafting_equals_the_training_unroll(trained, world):
+    """`propose` (inference) and `ttt_unroll` (training) give the same tokens for a prefix."""
+    draft, _ = load_draft(world / "run" / "draft")
+    target = load_target(world / "target")
+    embed = target.get_input_embeddings().weight
+    prompt = random_prompts(1, seed=7)[0]
+    greedy, aux = target_forward(target, prompt, AUX_IDS)
+    x_next = int(greedy[-1])
+    drafted = propose(draft, embed, prompt, aux, x_next, k=4)
+    with torch.no_grad():
+        ids = torch.tensor([prompt + [x_next] + drafted[:3]])  # step i reads token L+i at L-1
+        logits = ttt_unroll(draft, embed, ids, draft.fuse(aux[None]), ttt_length=4)
+    unrolled = [int(draft.to_target_ids(step[0, -1].argmax())) for step in logits]
+    assert unrolled == drafted
+
+
+def test_resume_continues_at_saved_step_with_same_vocab(world, tmp_path, monkeypatch):
+    fast = settings(epochs=2, log_every=2)  # 16 steps
+    held_out = {"s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"}
+    args = (world / "hs", world / "target")
+    kwargs = dict(
+        aux_layer_ids=AUX_IDS, aux_layer_convention=CONVENTION, exclude_sample_ids=held_out
+    )
+    full = train_draft(*args, tmp_path / "full", fast, **kwargs)
+    assert full["steps"] == 14 and full["train_samples"] == 56  # 56 samples / 8 = 7 per epoch
+
+    part = train_draft(
+        *args, tmp_path / "part", settings(epochs=2, log_every=2, max_steps=5), **kwargs
+    )
+    assert part["steps"] == 5
+    state = json.loads((tmp_path / "part" / "state" / "state.json").read_text())
+    assert state["step"] == 5 and state["epoch"] == 0
+    vocab_before = (tmp_path / "part" / "state" / "vocab.json").read_text()
+
+    def no_recount(*a, **k):
+        raise AssertionError("the vocab must be loaded on resume, not recomputed")
+
+    monkeypatch.setattr("eaglet.train.build_draft_vocab", no_recount)
+    steps_seen = []
+    resumed = train_draft(
+        *args, tmp_path / "part", fast, progress=lambda r: steps_seen.append(r["step"]), **kwargs
+    )
+    assert resumed["resumed_from_step"] == 5 and resumed["steps"] == 14
+    assert steps_seen[0] == 6
+    assert (tmp_path / "part" / "state" / "vocab.json").read_text() == vocab_before
+    metrics = [json.loads(line) for line in (tmp_path / "part" / "metrics.jsonl").open()]
+    assert [m["step"] for m in metrics] == [2, 4, 5, 6, 8, 10, 12, 14]
+
+    # resuming gives the same weights as never stopping
+    a = load_file(str(tmp_path / "full" / "draft" / "model.safetensors"))
+    b = load_file(str(tmp_path / "part" / "draft" / "model.safetensors"))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
