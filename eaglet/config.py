@@ -80,6 +80,46 @@ class GenerationConfig(_Strict):
     stop: list[str] = Field(default_factory=list, description="Extra stop strings.")
     concurrency: int = Field(128, ge=1, le=100_000, description="Requests in flight (HTTP).")
     batch_size: int = Field(16, ge=1, le=4096, description="Prompts per batch (local engine).")
+    api_key_env: str | None = Field(
+        None,
+        description="Name of the environment variable that holds the server's API key, sent as "
+        "'Authorization: Bearer'. The key itself never goes in the config (HTTP engines).",
+    )
+    request_timeout_s: float = Field(
+        1800.0,
+        gt=0.0,
+        le=86_400.0,
+        description="Seconds one request may take in all (connect + generate + read) before it "
+        "is abandoned and retried. Long reasoning answers need minutes (HTTP engines).",
+    )
+    max_retries: int = Field(
+        5,
+        ge=0,
+        le=100,
+        description="Retries of one request after connection errors, timeouts, 429 and 5xx; "
+        "other 4xx answers are never retried (HTTP engines).",
+    )
+    retry_backoff_s: float = Field(
+        1.0,
+        ge=0.0,
+        le=600.0,
+        description="Base of the exponential backoff between retries (full jitter: a random "
+        "wait up to base * 2^attempt, at most 60 s); a 429's Retry-After wins (HTTP engines).",
+    )
+    max_failure_fraction: float = Field(
+        0.01,
+        ge=0.0,
+        le=1.0,
+        description="The generate stage fails when more than this fraction of prompts failed "
+        "for good; failed prompts are listed in failed.jsonl and retried by a rerun.",
+    )
+    canary_requests: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Real requests the preflight canary (eaglet doctor, and the generate stage "
+        "before its run) sends to check the server's answers.",
+    )
 
 
 class ReasoningConfig(_Strict):

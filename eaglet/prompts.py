@@ -52,7 +52,12 @@ def render_prompt(sample: Sample, tokenizer, chat_template_kwargs: dict[str, Any
     # The template wrote every special token itself: encoding must not add a BOS of its own.
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return Prompt(
-        sample_id=sample.sample_id, source=sample.source, prompt_ids=ids, prompt_text=text
+        sample_id=sample.sample_id,
+        source=sample.source,
+        prompt_ids=ids,
+        prompt_text=text,
+        messages=context,
+        tools=sample.tools,
     )
 
 
