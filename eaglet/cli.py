@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,8 @@ from eaglet.storage import PARTIAL_SUFFIX, read_manifest
 
 
 def _run_pipeline(config: PipelineConfig, until: str, refresh_from: str | None) -> dict:
+    # Offline clusters are common: Prefect's usage telemetry would only log resolver errors.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.pipeline import pipeline
 
     return pipeline(config=config, until=until, refresh_from=refresh_from)

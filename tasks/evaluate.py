@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eaglet.evaluate import evaluate_draft, plot_acceptance, untrained_baseline
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from eaglet.config import PipelineConfig
+from eaglet.evaluate import evaluate_draft, plot_acceptance, untrained_baseline
 from eaglet.prompts import end_token_ids, load_tokenizer
 from eaglet.records import Prompt, read_jsonl
 from eaglet.split import is_heldout

@@ -10,7 +10,6 @@ import json
 import time
 from pathlib import Path
 
-from eaglet.train import TrainSettings, train_draft
 from prefect import get_run_logger, task
 from prefect.artifacts import (
     create_markdown_artifact,
@@ -21,6 +20,7 @@ from prefect.artifacts import (
 from eaglet.config import PipelineConfig
 from eaglet.split import is_heldout
 from eaglet.storage import StageOutput
+from eaglet.train import TrainSettings, train_draft
 from tasks.caching import StageCache, run_stage_task
 
 
@@ -84,7 +84,12 @@ def train(config: PipelineConfig, features: dict, refresh: bool = False) -> dict
             "# Draft training\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in summary.items()),
             key="draft-training",
         )
-        return StageOutput(counts={"records": int(summary.get("train_samples", 0))}, info=summary)
+        info = {
+            **summary,
+            "aux_layer_ids": features["info"]["aux_layer_ids"],
+            "aux_layer_convention": features["info"]["aux_layer_convention"],
+        }
+        return StageOutput(counts={"records": int(summary.get("train_samples", 0))}, info=info)
 
     return run_stage_task(
         "train", config, {"features": features}, body, resume_partial=True, refresh=refresh
