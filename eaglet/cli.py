@@ -159,12 +159,45 @@ def inspect_work_dir(work_dir: Path) -> dict[str, Any]:
     }
 
 
+def show_sample(report: dict[str, Any], sample_id: str) -> int:
+    """Print one example with its loss mask: what the draft is trained on, span by span."""
+    from eaglet.extract import render_loss_mask
+    from eaglet.prompts import end_token_ids, load_tokenizer
+    from eaglet.reasoning import detect_format
+    from eaglet.records import Example, read_jsonl
+
+    extract = report["stages"]["extract"]
+    if extract["status"] != "complete":
+        print("the extract stage is not complete in this work dir", file=sys.stderr)
+        return 2
+    manifest = read_manifest(Path(extract["path"]))
+    example = next(
+        (
+            e
+            for e in read_jsonl(Path(extract["path"]) / "examples.jsonl", Example)
+            if e.sample_id == sample_id
+        ),
+        None,
+    )
+    if example is None:
+        print(f"no example with sample_id {sample_id} in {extract['path']}", file=sys.stderr)
+        return 2
+    model = manifest.info["target_model"]
+    tokenizer = load_tokenizer(model)
+    reasoning_format = detect_format(tokenizer, manifest.config["reasoning"]["format"])
+    end_ids = set(end_token_ids(model, tokenizer))
+    print(render_loss_mask(example, tokenizer, reasoning_format, end_ids, sys.stdout.isatty()))
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     work_dir = Path(args.work_dir)
     if not work_dir.is_dir():
         print(f"no such work dir: {work_dir}", file=sys.stderr)
         return 2
     report = inspect_work_dir(work_dir)
+    if args.sample:
+        return show_sample(report, args.sample)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
         return 0
@@ -228,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", help="per stage: status, key, path, counts")
     inspect.add_argument("work_dir")
     inspect.add_argument("--json", action="store_true")
+    inspect.add_argument("--sample", metavar="ID", help="show one example's loss mask")
     inspect.set_defaults(handler=cmd_inspect)
 
     fixture = commands.add_parser("fixture-model", help="build the tiny reasoning target model")

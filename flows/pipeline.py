@@ -64,7 +64,7 @@ def pipeline(
     samples = run("download")
     prompts = run("tokenize", samples=samples) if samples else None
     generations = run("generate", prompts=prompts) if prompts else None
-    examples = run("extract", generations=generations) if generations else None
+    examples = run("extract", generations=generations, prompts=prompts) if generations else None
     features = run("hidden_states", examples=examples) if examples else None
     draft = run("train", features=features) if features else None
     if draft:

@@ -23,7 +23,7 @@ UPSTREAM: dict[str, tuple[str, ...]] = {
     "download": (),
     "tokenize": ("samples",),
     "generate": ("prompts",),
-    "extract": ("generations",),
+    "extract": ("generations", "prompts"),
     "hidden_states": ("examples",),
     "train": ("features",),
     "evaluate": ("draft", "prompts"),

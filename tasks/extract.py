@@ -12,11 +12,10 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from eaglet.config import PipelineConfig
-from eaglet.extract import build_example, check_quality_gate, quality_report
+from eaglet.extract import check_quality_gate, write_examples
 from eaglet.prompts import end_token_ids, load_tokenizer
 from eaglet.reasoning import detect_format
-from eaglet.records import Generation, read_jsonl, record_line
-from eaglet.storage import StageOutput, write_json_atomic
+from eaglet.storage import StageOutput
 from tasks.caching import StageCache, run_stage_task
 
 
@@ -43,7 +42,9 @@ def _quality_markdown(report: dict) -> str:
     persist_result=True,
     result_serializer="json",
 )
-def extract(config: PipelineConfig, generations: dict, refresh: bool = False) -> dict:
+def extract(
+    config: PipelineConfig, generations: dict, prompts: dict, refresh: bool = False
+) -> dict:
     logger = get_run_logger()
 
     def body(folder: Path) -> StageOutput:
@@ -52,19 +53,15 @@ def extract(config: PipelineConfig, generations: dict, refresh: bool = False) ->
         reasoning_format = detect_format(
             tokenizer, config.reasoning.format, config.tokenize.chat_template_kwargs
         )
-        end_ids = set(end_token_ids(target.model, tokenizer, target.revision))
-        examples, reasoning_tokens = [], {}
-        with open(folder / "examples.jsonl", "w", encoding="utf-8") as out:
-            for generation in read_jsonl(
-                Path(generations["path"]) / "generations.jsonl", Generation
-            ):
-                example = build_example(generation, tokenizer, reasoning_format, end_ids)
-                split = reasoning_format.split(generation.output_ids, end_ids)
-                reasoning_tokens[example.sample_id] = len(split.ids("reasoning"))
-                out.write(record_line(example))
-                examples.append(example)
-        report = quality_report(examples, reasoning_tokens, reasoning_format)
-        write_json_atomic(folder / "quality.json", report)
+        report = write_examples(
+            generations_path=Path(generations["path"]) / "generations.jsonl",
+            prompts_path=Path(prompts["path"]) / "prompts.jsonl",
+            out_dir=folder,
+            tokenizer=tokenizer,
+            reasoning_format=reasoning_format,
+            end_ids=set(end_token_ids(target.model, tokenizer, target.revision)),
+            chat_template_kwargs=config.tokenize.chat_template_kwargs,
+        )
         create_markdown_artifact(_quality_markdown(report), key="data-quality")
         create_table_artifact(
             [
@@ -86,8 +83,11 @@ def extract(config: PipelineConfig, generations: dict, refresh: bool = False) ->
             config.reasoning.max_truncation_rate,
         )
         return StageOutput(
-            counts={"records": len(examples)},
+            counts={"records": report["records"]},
             info={
+                "target_model": str(Path(target.model).resolve())
+                if Path(target.model).is_dir()
+                else target.model,
                 "quality": {
                     k: report[k]
                     for k in (
@@ -96,10 +96,10 @@ def extract(config: PipelineConfig, generations: dict, refresh: bool = False) ->
                         "reasoning_capture_rate",
                         "truncation_rate",
                     )
-                }
+                },
             },
         )
 
     return run_stage_task(
-        "extract", config, {"generations": generations}, body, refresh=refresh
+        "extract", config, {"generations": generations, "prompts": prompts}, body, refresh=refresh
     ).model_dump()
