@@ -228,6 +228,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from deployments.serve import main as serve
+
+    serve()
+    return 0
+
+
 def cmd_fixture_model(args: argparse.Namespace) -> int:
     from eaglet.fixture.model import build_fixture_model
 
@@ -263,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true")
     inspect.add_argument("--sample", metavar="ID", help="show one example's loss mask")
     inspect.set_defaults(handler=cmd_inspect)
+
+    serve = commands.add_parser("serve", help="serve the deployments for the Prefect UI")
+    serve.set_defaults(handler=cmd_serve)
 
     fixture = commands.add_parser("fixture-model", help="build the tiny reasoning target model")
     fixture.add_argument("out_dir")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from eaglet.config import STAGES, PipelineConfig, Stage
+from eaglet.config import STAGES, PipelineConfig, Stage, load_config
 from eaglet.storage import write_json_atomic
 from tasks.caching import result_storage_path
 from tasks.download import download
@@ -29,14 +29,21 @@ TASKS = {
 }
 
 
-@flow(name="eaglet-pipeline", flow_run_name="eaglet-{config.name}", log_prints=True)
+@flow(name="eaglet-pipeline", log_prints=True)
 def pipeline(
     config: PipelineConfig = PipelineConfig(),  # noqa: B008 - the UI form shows these defaults
+    config_path: str | None = None,
     until: Stage = "evaluate",
     refresh_from: Stage | None = None,
 ) -> dict:
-    """Run the stages up to `until`; `refresh_from` re-runs that stage (and so all after it)
-    even when its inputs and code are unchanged, e.g. after a server flag or dataset fix."""
+    """Regenerate the target's answers and train an EAGLE-3 draft on them.
+
+    `config` is the whole configuration; `config_path` (a YAML file on the worker) replaces
+    it when given. Stages run up to `until`; `refresh_from` re-runs that stage (and so every
+    stage after it) even when its inputs and code are unchanged, e.g. after a server flag or a
+    dataset revision changed."""
+    if config_path:
+        config = load_config(config_path)
     storage = result_storage_path(config)
     summary: dict[str, dict] = {}
     results: dict[str, dict] = {}

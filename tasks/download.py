@@ -15,6 +15,7 @@ from tasks.caching import StageCache, run_stage_task
 
 @task(
     name="download",
+    task_run_name="download[{config.name}]",
     cache_policy=StageCache(stage="download"),
     persist_result=True,
     result_serializer="json",

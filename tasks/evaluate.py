@@ -19,6 +19,7 @@ from tasks.caching import StageCache, run_stage_task
 
 @task(
     name="evaluate",
+    task_run_name="evaluate[{config.name}]",
     cache_policy=StageCache(stage="evaluate"),
     persist_result=True,
     result_serializer="json",

@@ -38,6 +38,7 @@ def _quality_markdown(report: dict) -> str:
 
 @task(
     name="extract",
+    task_run_name="extract[{config.name}]",
     cache_policy=StageCache(stage="extract"),
     persist_result=True,
     result_serializer="json",

@@ -21,6 +21,7 @@ from tasks.caching import StageCache, run_stage_task
 
 @task(
     name="generate",
+    task_run_name="generate[{config.name}]",
     cache_policy=StageCache(stage="generate"),
     persist_result=True,
     result_serializer="json",

@@ -15,6 +15,7 @@ from tasks.caching import StageCache, run_stage_task
 
 @task(
     name="hidden_states",
+    task_run_name="hidden_states[{config.name}]",
     cache_policy=StageCache(stage="hidden_states"),
     persist_result=True,
     result_serializer="json",

@@ -16,6 +16,7 @@ from tasks.caching import StageCache, run_stage_task
 
 @task(
     name="tokenize",
+    task_run_name="tokenize[{config.name}]",
     cache_policy=StageCache(stage="tokenize"),
     persist_result=True,
     result_serializer="json",

@@ -32,6 +32,7 @@ def _heldout_ids(features_dir: Path, fraction: float) -> set[str]:
 
 @task(
     name="train",
+    task_run_name="train[{config.name}]",
     cache_policy=StageCache(stage="train"),
     persist_result=True,
     result_serializer="json",
