@@ -22,7 +22,7 @@ from eaglet.storage import Manifest, canonical_json, sha256_file
 STAGE_MODULES: dict[str, tuple[str, ...]] = {
     "download": ("eaglet.datasets", "eaglet.records", "tasks.download"),
     "tokenize": ("eaglet.prompts", "eaglet.records", "tasks.tokenize"),
-    "generate": ("eaglet.engines.base", "eaglet.engines.local", "eaglet.records", "tasks.generate"),
+    "generate": ("eaglet.engines.base", "eaglet.generation", "eaglet.records", "tasks.generate"),
     "extract": ("eaglet.reasoning", "eaglet.extract", "eaglet.records", "tasks.extract"),
     "hidden_states": ("eaglet.hidden_states", "eaglet.records", "tasks.hidden_states"),
     "train": (
@@ -34,6 +34,15 @@ STAGE_MODULES: dict[str, tuple[str, ...]] = {
         "tasks.train",
     ),
     "evaluate": ("eaglet.evaluate", "eaglet.draft.model", "eaglet.split", "tasks.evaluate"),
+}
+
+# The generate stage also hashes the modules of the engine it runs, and only those: a fix to
+# the HTTP client does not invalidate what the embedded engine generated.
+ENGINE_MODULES: dict[str, tuple[str, ...]] = {
+    "local": ("eaglet.engines.local",),
+    "vllm": ("eaglet.engines.http", "eaglet.engines.vllm"),
+    "sglang": ("eaglet.engines.http", "eaglet.engines.sglang"),
+    "openai": ("eaglet.engines.http", "eaglet.engines.openai_chat"),
 }
 
 # Files of a model folder that change what the stages compute. Weights over this size are
@@ -49,9 +58,16 @@ def module_source_hash(module: str) -> str:
     return sha256_file(Path(spec.origin))
 
 
-def code_hash(stage: str) -> str:
+def stage_modules(stage: str, config: PipelineConfig | None = None) -> tuple[str, ...]:
+    modules = STAGE_MODULES[stage]
+    if stage == "generate" and config is not None:
+        modules += ENGINE_MODULES[config.generation.engine]
+    return modules
+
+
+def code_hash(stage: str, config: PipelineConfig | None = None) -> str:
     digest = hashlib.sha256()
-    for module in STAGE_MODULES[stage]:
+    for module in stage_modules(stage, config):
         digest.update(f"{module}:{module_source_hash(module)}\n".encode())
     return digest.hexdigest()
 
@@ -134,6 +150,6 @@ def stage_key(stage: str, config: PipelineConfig, upstream: list[Manifest]) -> s
         "stage": stage,
         "config": stage_config(stage, config),
         "upstream": sorted(m.content_hash() for m in upstream),
-        "code": code_hash(stage),
+        "code": code_hash(stage, config),
     }
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:20]

@@ -35,7 +35,7 @@ def _print_run(result: dict, seconds: float) -> None:
     print(f"pipeline finished in {seconds:.1f} s")
 
 
-def demo_config(work_dir: Path) -> PipelineConfig:
+def demo_config(work_dir: Path, overrides: list[str] = ()) -> PipelineConfig:
     """The demo: the fixture target, the sample data, the embedded engine, all in work_dir."""
     return load_config(
         None,
@@ -45,6 +45,7 @@ def demo_config(work_dir: Path) -> PipelineConfig:
             f"datasets=[{{source: arith, path: {work_dir / 'data' / 'arith.jsonl'}}}, "
             f"{{source: tools, path: {work_dir / 'data' / 'tools.jsonl'}}}, "
             f"{{source: mixed, path: {work_dir / 'data' / 'mixed.parquet'}}}]",
+            *overrides,
         ],
     )
 
@@ -63,7 +64,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not (data_dir / "arith.jsonl").exists():
         written = write_sample_data(data_dir, seed=0)
         print(f"wrote sample data: {', '.join(str(p) for p in written.values())}")
-    config = demo_config(work_dir)
+    config = demo_config(work_dir, args.set)
     result = _run_pipeline(config, "evaluate", args.refresh_from)
     _print_run(result, time.time() - started)
     stages = result["stages"]
@@ -88,19 +89,46 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    """Preflight: config, files, endpoints, one raw response, the reasoning split, disk."""
+    import shutil
+
+    from eaglet.canary import run_canary
+    from eaglet.datasets import read_samples
+    from eaglet.prompts import PromptError, load_tokenizer, render_prompt
+
     config = load_config(args.config, args.set)
     print(f"config {args.config}: valid")
     problems = []
-    target = Path(config.target.model)
-    if not target.is_dir():
-        problems.append(f"target.model {target} is not a local folder (hub ids are not checked)")
     for spec in config.datasets:
         if spec.path.endswith((".json", ".jsonl", ".parquet")) and not Path(spec.path).exists():
             problems.append(f"dataset {spec.source}: file {spec.path} not found")
-    if config.generation.engine != "local":
-        problems.append(f"engine {config.generation.engine}: preflight checks not built yet")
+    work_dir = Path(config.work_dir)
+    existing = next((p for p in [work_dir, *work_dir.parents] if p.exists()), Path("."))
+    free_gib = shutil.disk_usage(existing).free / 2**30
+    print(f"disk: {free_gib:.1f} GiB free under {existing.resolve()}")
+    if free_gib < 1:
+        problems.append(f"less than 1 GiB free for {work_dir}")
+    target = config.target
+    tokenizer = load_tokenizer(target.model, target.trust_remote_code, target.revision)
+    prompts = []
+    wanted = config.generation.canary_requests
+    for spec in config.datasets:
+        if len(prompts) >= wanted or any(p.startswith(f"dataset {spec.source}") for p in problems):
+            continue
+        for sample in read_samples(spec.model_copy(update={"limit": wanted})):
+            try:
+                prompts.append(
+                    render_prompt(sample, tokenizer, config.tokenize.chat_template_kwargs)
+                )
+            except PromptError as exc:
+                problems.append(str(exc))
+    report = run_canary(config, tokenizer, prompts[:wanted])
+    print(report.render())
+    if not report.ok:
+        problems.append("the canary failed (see above)")
     for problem in problems:
-        print(f"  problem: {problem}")
+        print(f"problem: {problem}")
+    print("doctor: ok" if not problems else f"doctor: {len(problems)} problem(s)")
     return 1 if problems else 0
 
 
@@ -252,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="fixture model + sample data, then the whole pipeline")
     demo.add_argument("--work-dir", default="runs/demo")
     demo.add_argument("--refresh-from", choices=STAGES)
+    demo.add_argument("--set", action="append", default=[], metavar="a.b=value")
     demo.set_defaults(handler=cmd_demo)
 
     run = commands.add_parser("run", help="run the pipeline from a YAML config")

@@ -71,7 +71,7 @@ def run_stage_task(
         work_dir=Path(config.work_dir),
         stage=stage,
         key=stage_key(stage, config, upstream),
-        code_hash=code_hash(stage),
+        code_hash=code_hash(stage, config),
         config=stage_config(stage, config),
         upstream=upstream,
         body=body,

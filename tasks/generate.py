@@ -1,22 +1,46 @@
 """The generate stage as a Prefect task: prompts → append-only `generations.jsonl`.
 
-Every record is flushed as it arrives; a rerun after a crash or a cancel resumes the same
-partial folder and sends only the prompts whose ids are not written yet.
+HTTP engines first pass the canary (a handful of real requests, the reasoning split checked),
+so a broken server setup fails in the first minute. Every record is flushed as it arrives; a
+retry, a rerun after a crash or a cancelled flow run resumes the same partial folder and sends
+only the prompts whose ids are not written yet. Failed samples are listed in a table artifact.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 
+from eaglet.canary import run_canary
 from eaglet.config import PipelineConfig
 from eaglet.engines import make_engine
-from eaglet.records import Generation, Prompt, read_jsonl, record_line, repair_and_read_ids
+from eaglet.generation import (
+    Failure,
+    GenerationProgress,
+    TooManyFailuresError,
+    run_generation_sync,
+)
+from eaglet.prompts import load_tokenizer
+from eaglet.records import Prompt, read_jsonl
 from eaglet.storage import StageOutput
 from tasks.caching import StageCache, run_stage_task
+
+
+def _failed_samples_artifact(failed_path: Path) -> None:
+    if not failed_path.exists() or failed_path.stat().st_size == 0:
+        return
+    rows = [row.model_dump() for row in read_jsonl(failed_path, Failure)][:500]
+    create_table_artifact(
+        rows,
+        key="generate-failed-samples",
+        description="samples the server refused; a rerun retries them",
+    )
 
 
 @task(
@@ -32,52 +56,41 @@ def generate(config: PipelineConfig, prompts: dict, refresh: bool = False) -> di
     logger = get_run_logger()
 
     def body(folder: Path) -> StageOutput:
-        out_path = folder / "generations.jsonl"
-        done = repair_and_read_ids(out_path)
-        todo = [
-            p
-            for p in read_jsonl(Path(prompts["path"]) / "prompts.jsonl", Prompt)
-            if p.sample_id not in done
-        ]
-        total = len(done) + len(todo)
-        logger.info("%d of %d prompts already generated; %d to go", len(done), total, len(todo))
-        progress_id = create_progress_artifact(
-            progress=100.0 * len(done) / max(1, total), description="generate: records written"
-        )
-        engine = make_engine(config) if todo else None
-        started, written, output_tokens, last_report = time.time(), 0, 0, 0.0
-        with open(out_path, "a", encoding="utf-8") as out:
-            for record in engine.generate(todo) if engine else []:
-                out.write(record_line(record))
-                out.flush()
-                written += 1
-                output_tokens += len(record.output_ids)
-                now = time.time()
-                if now - last_report > 5 or written == len(todo):
-                    last_report = now
-                    elapsed = max(now - started, 1e-9)
-                    rate = written / elapsed
-                    logger.info(
-                        "generate %d/%d: %.2f req/s, %.0f output tok/s, ETA %.0f s",
-                        len(done) + written,
-                        total,
-                        rate,
-                        output_tokens / elapsed,
-                        (len(todo) - written) / max(rate, 1e-9),
-                    )
-                    update_progress_artifact(
-                        progress_id, progress=100.0 * (len(done) + written) / max(1, total)
-                    )
-        finish: dict[str, int] = {}
-        for record in read_jsonl(out_path, Generation):
-            finish[record.finish_reason] = finish.get(record.finish_reason, 0) + 1
+        target = config.target
+        all_prompts = list(read_jsonl(Path(prompts["path"]) / "prompts.jsonl", Prompt))
+        tokenizer = load_tokenizer(target.model, target.trust_remote_code, target.revision)
+        if config.generation.engine != "local":
+            canary = run_canary(config, tokenizer, all_prompts)
+            logger.info("canary:\n%s", canary.render())
+            canary.raise_if_failed()
+        progress_id = create_progress_artifact(0.0, description="generate: records written")
+
+        def progress(update: GenerationProgress) -> None:
+            logger.info("generate %s", update.describe())
+            update_progress_artifact(progress_id, 100.0 * update.done / max(1, update.total))
+
+        failed_path = folder / "failed.jsonl"
+        try:
+            summary = run_generation_sync(
+                make_engine(config, tokenizer),
+                all_prompts,
+                folder / "generations.jsonl",
+                failed_path,
+                progress=progress,
+                max_failure_fraction=config.generation.max_failure_fraction,
+            )
+        except TooManyFailuresError:
+            _failed_samples_artifact(failed_path)
+            raise
+        _failed_samples_artifact(failed_path)
+        figures = summary.as_dict()
         return StageOutput(
-            counts={"records": sum(finish.values()), "truncated": finish.get("length", 0)},
-            info={
-                "finish_reasons": finish,
-                "engine": config.generation.engine,
-                "resumed_from": len(done),
+            counts={
+                "records": figures["written"] + figures["already_done"],
+                "failed": figures["failed"],
+                "truncated": figures["finish_reasons"].get("length", 0),
             },
+            info={"engine": config.generation.engine, **figures},
         )
 
     return run_stage_task(

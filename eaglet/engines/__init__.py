@@ -17,7 +17,8 @@ def sampling_params(config: PipelineConfig) -> SamplingParams:
     )
 
 
-def make_engine(config: PipelineConfig) -> Engine:
+def make_engine(config: PipelineConfig, tokenizer=None) -> Engine:
+    """The engine `generation.engine` names; HTTP engines need the target's tokenizer."""
     engine = config.generation.engine
     if engine == "local":
         from eaglet.engines.local import LocalEngine
@@ -30,7 +31,6 @@ def make_engine(config: PipelineConfig) -> Engine:
             trust_remote_code=config.target.trust_remote_code,
             revision=config.target.revision,
         )
-    raise NotImplementedError(
-        f"generation.engine={engine!r} is not built yet in this version of eaglet; "
-        "use generation.engine=local"
-    )
+    from eaglet.engines.http import make_http_engine
+
+    return make_http_engine(config, tokenizer)

@@ -1,0 +1,195 @@
+"""The openai engine: any OpenAI-compatible `POST /v1/chat/completions`.
+
+The server renders the chat template itself from the Prompt's `messages` and `tools`. The
+request also asks for `"return_token_ids": true`: a server that honours it (vLLM) gives the
+exact output ids, and the record is token-exact. Otherwise the output is rebuilt from the
+server's text — `message.reasoning` or `message.reasoning_content` (servers use either name),
+or think tags left inline in `content` when the server ran no reasoning parser — in the
+target's raw format (`{reasoning}\\n</think>\\n\\n{content}<end>` when the prompt ends with
+`<think>`), re-tokenized with the target's tokenizer, and flagged `token_exact=False`.
+
+The server's text fields (`content`, `reasoning`, `reasoning_content`, `tool_calls`) are kept
+in `raw`, so extraction can cross-check them against the token split.
+
+Construction: `OpenAIChatEngine(config: PipelineConfig, tokenizer, *, end_ids=None,
+http_library=None)`; the tokenizer is required (re-tokenizing, reasoning format).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from eaglet.engines.http import (
+    HTTPEngine,
+    MalformedResponse,
+    RetryableResponse,
+    int_list,
+    prompt_ids_check,
+)
+from eaglet.reasoning import (
+    THINK_CLOSE,
+    THINK_OPEN,
+    NoReasoning,
+    ReasoningFormat,
+    ThinkInOutput,
+    detect_format,
+)
+from eaglet.records import Generation, Prompt
+
+TEXT_FIELDS = ("content", "reasoning", "reasoning_content", "tool_calls")
+FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop"}
+
+
+def tool_calls_text(tool_calls: Any) -> str:
+    """Parsed tool calls back in the Hermes/Qwen `<tool_call>` form the template writes."""
+    blocks = []
+    for call in tool_calls or []:
+        function = call.get("function", call) if isinstance(call, dict) else {}
+        arguments = function.get("arguments", {})
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        name = function.get("name", "")
+        blocks.append(f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>')
+    return "\n".join(blocks)
+
+
+def _wire_tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function")
+    if isinstance(function, dict) and not isinstance(function.get("arguments", ""), str):
+        arguments = json.dumps(function["arguments"], ensure_ascii=False)
+        return {**call, "function": {**function, "arguments": arguments}}
+    return call
+
+
+def wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as the OpenAI schema wants them: tool-call arguments as JSON strings (dataset
+    rows often hold dicts; `json.dumps` writes what a template's `tojson` would)."""
+    return [
+        {**m, "tool_calls": [_wire_tool_call(c) for c in m["tool_calls"]]}
+        if m.get("tool_calls")
+        else m
+        for m in messages
+    ]
+
+
+def rebuild_output_text(
+    message: dict[str, Any], reasoning_format: ReasoningFormat, finished: bool
+) -> str:
+    """The model's raw output text from a chat message's fields (without the end token)."""
+    reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
+    content = message.get("content") or ""
+    calls = tool_calls_text(message.get("tool_calls"))
+    if calls:
+        content = f"{content}\n{calls}" if content else calls
+    if isinstance(reasoning_format, NoReasoning):
+        return content
+    if not reasoning:
+        # No parser ran: the thinking, if any, is inline in content, already in raw form.
+        return content
+    reasoning = reasoning.strip("\n")
+    closed = finished or bool(content)
+    opening = f"{THINK_OPEN}\n" if isinstance(reasoning_format, ThinkInOutput) else ""
+    if not closed:
+        return opening + reasoning
+    return f"{opening}{reasoning}\n{THINK_CLOSE}\n\n{content.lstrip(chr(10))}"
+
+
+@dataclass
+class OpenAIChatEngine(HTTPEngine):
+    name: ClassVar[str] = "openai"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tokenizer is None:
+            raise ValueError("the openai engine needs the target's tokenizer to re-tokenize text")
+        self.reasoning_format = detect_format(
+            self.tokenizer,
+            self.config.reasoning.format,
+            self.config.tokenize.chat_template_kwargs,
+        )
+        self._ask_token_ids = True
+
+    def request_for(self, prompt: Prompt) -> tuple[str, dict[str, Any]]:
+        gen = self.config.generation
+        payload: dict[str, Any] = {
+            "model": gen.served_model,
+            "messages": wire_messages(prompt.messages),
+            "max_tokens": gen.max_tokens,
+            "temperature": gen.temperature,
+            "top_p": gen.top_p,
+            "seed": gen.seed,
+        }
+        if prompt.tools:
+            # The template renders the tools; "none" keeps the server from parsing tool calls
+            # out of the text (vLLM refuses "auto" without --enable-auto-tool-choice).
+            payload["tools"] = prompt.tools
+            payload["tool_choice"] = "none"
+        if gen.stop:
+            payload["stop"] = list(gen.stop)
+        if self._ask_token_ids:
+            payload["return_token_ids"] = True
+        kwargs = self.config.tokenize.chat_template_kwargs
+        if kwargs:
+            # vLLM and SGLang render with these, as our tokenize stage did.
+            payload["chat_template_kwargs"] = kwargs
+        return "/v1/chat/completions", payload
+
+    def on_client_error(self, status: int, message: str) -> bool:
+        # A strict server (the OpenAI API itself) rejects fields it does not know.
+        if status == 400 and self._ask_token_ids and "return_token_ids" in message:
+            self._ask_token_ids = False
+            return True
+        return False
+
+    def parse(self, prompt: Prompt, body: dict[str, Any]) -> Generation:
+        choices = body.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise MalformedResponse("no choices in the answer")
+        choice = choices[0]
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            raise MalformedResponse("choices[0].message is missing")
+        finish_reason = FINISH_REASONS.get(choice.get("finish_reason"))
+        if finish_reason is None:
+            raise RetryableResponse(
+                f"request did not finish (finish_reason={choice.get('finish_reason')!r})"
+            )
+        stop_reason = choice.get("stop_reason")
+        raw: dict[str, Any] = {k: message[k] for k in TEXT_FIELDS if k in message}
+        raw.update(finish_reason=choice.get("finish_reason"), stop_reason=stop_reason)
+        raw["usage"] = body.get("usage")
+        stop_token = None
+        if finish_reason == "stop":
+            if stop_reason is None:
+                stop_token = self.default_end_id()
+            elif isinstance(stop_reason, int):
+                stop_token = stop_reason
+        token_ids = choice.get("token_ids")
+        if token_ids is not None:
+            ids = int_list(token_ids, "choices[0].token_ids")
+            output_ids = self.with_end_token(list(ids), stop_token)
+            if output_ids != ids:
+                raw["end_token_appended"] = True
+            server_prompt = choice.get("prompt_token_ids", body.get("prompt_token_ids"))
+            mismatch = prompt_ids_check(prompt.prompt_ids, server_prompt)
+            raw.update(mismatch)
+            token_exact = not mismatch
+        else:
+            text = rebuild_output_text(message, self.reasoning_format, finish_reason == "stop")
+            output_ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            if stop_token is not None:
+                output_ids.append(stop_token)
+            raw["rebuilt_from_text"] = True
+            token_exact = False
+        return Generation(
+            sample_id=prompt.sample_id,
+            source=prompt.source,
+            prompt_ids=prompt.prompt_ids,
+            output_ids=output_ids,
+            finish_reason=finish_reason,
+            engine=self.name,
+            token_exact=token_exact,
+            raw=raw,
+        )

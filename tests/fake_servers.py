@@ -1,0 +1,361 @@
+"""Small inference servers for tests: faults on demand, a request log, three protocols.
+
+`FakeServer` is an ASGI app that answers like
+- vLLM's `POST /v1/completions` with token-id prompts and `return_token_ids`,
+- an OpenAI-compatible `POST /v1/chat/completions` (vLLM-style, with or without a reasoning
+  parser, with or without `token_ids`),
+- SGLang's native `POST /generate` (`input_ids` in; `text`, `output_ids`, `meta_info` out).
+
+The SGLang protocol here is a stand-in that follows SGLang's documented schema (SGLang cannot
+run on these CPU machines); it is not SGLang. The "model" is deterministic: the answer to a
+prompt is a function of its token ids, written in the fixture's thinking format
+(`{reasoning}\\n</think>\\n\\n{answer}<|im_end|>` after a prompt that ends with `<think>\\n`), and
+tokenized with `ToyTokenizer`, a character-level tokenizer with the same special tokens.
+
+Faults are queued with `server.faults.append(...)`, one per generation request in arrival
+order: "500", "503", "429:<seconds>" (with Retry-After), "hang", "drop" (the connection closes
+mid-answer), "malformed" (200 with a body that is not JSON), "400" (with a message), "abort".
+`serve(app)` runs any ASGI app with uvicorn in a thread on a free loopback port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TAGS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
+CHARS = ["\n"] + [chr(c) for c in range(32, 127)]
+EOS_ID = 2
+
+
+class ToyTokenizer:
+    """A character-level tokenizer with ChatML special tokens and single-id think tags."""
+
+    def __init__(self) -> None:
+        self.vocab = SPECIAL + TAGS + CHARS
+        self.ids = {token: i for i, token in enumerate(self.vocab)}
+        self.eos_token_id = EOS_ID
+        self.pad_token_id = 0
+        self.eos_token = SPECIAL[EOS_ID]
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids, i = [], 0
+        multi = sorted(SPECIAL + TAGS, key=len, reverse=True)
+        while i < len(text):
+            for token in multi:
+                if text.startswith(token, i):
+                    ids.append(self.ids[token])
+                    i += len(token)
+                    break
+            else:
+                ids.append(self.ids.get(text[i], self.ids["?"]))
+                i += 1
+        return ids
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        return {"input_ids": self.encode(text)}
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(self.vocab[i] for i in ids if not (skip_special_tokens and i < len(SPECIAL)))
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        return self.ids[token]
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+        tokenize: bool = False,
+        **kwargs: Any,
+    ) -> str | list[int]:
+        text = ""
+        if tools:
+            text += "<|im_start|>system\n# Tools\n" + json.dumps(tools) + "<|im_end|>\n"
+        for message in messages:
+            text += f"<|im_start|>{message['role']}\n{message.get('content') or ''}<|im_end|>\n"
+        if add_generation_prompt:
+            text += "<|im_start|>assistant\n<think>\n"
+        return self.encode(text) if tokenize else text
+
+
+def toy_answer(prompt_ids: list[int]) -> tuple[str, str]:
+    """The toy model's (reasoning, answer) for a prompt: a function of its ids."""
+    n = sum(prompt_ids) % 997
+    return f"Add up the ids: {n}. Check: {n}.", f"The answer is {n}."
+
+
+class FakeServer:
+    """ASGI app; see the module docstring. `log` holds one entry per generation request."""
+
+    def __init__(
+        self,
+        tokenizer: ToyTokenizer | None = None,
+        *,
+        served_model: str = "tiny",
+        delay_s: float = 0.0,
+        reasoning_field: str | None = "reasoning",
+        chat_token_ids: bool = True,
+        include_eos: bool = True,
+        api_key: str | None = None,
+        hang_s: float = 5.0,
+    ) -> None:
+        self.tokenizer = tokenizer or ToyTokenizer()
+        self.served_model = served_model
+        self.delay_s = delay_s
+        self.reasoning_field = reasoning_field  # None: no reasoning parser, thinking inline
+        self.chat_token_ids = chat_token_ids
+        self.include_eos = include_eos
+        self.api_key = api_key
+        self.hang_s = hang_s
+        self.faults: deque[str] = deque()
+        self.log: list[dict[str, Any]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._lock = threading.Lock()
+
+    # --- the toy model ----------------------------------------------------------------
+
+    def complete(self, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], str]:
+        """Output ids (ending in <|im_end|> when finished) and finish reason."""
+        reasoning, answer = toy_answer(prompt_ids)
+        ids = self.tokenizer.encode(f"{reasoning}\n</think>\n\n{answer}") + [EOS_ID]
+        if len(ids) > max_tokens:
+            return ids[:max_tokens], "length"
+        return ids, "stop"
+
+    # --- ASGI -------------------------------------------------------------------------
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        method, path = scope["method"], scope["path"]
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
+            await _send_json(send, 401, {"error": {"message": "invalid API key"}})
+            return
+        if method == "GET" and path in ("/health", "/health_generate"):
+            await _send_json(send, 200, {})
+            return
+        if method == "GET" and path == "/v1/models":
+            await _send_json(send, 200, {"object": "list", "data": [{"id": self.served_model}]})
+            return
+        handlers = {
+            "/v1/completions": self._completions,
+            "/v1/chat/completions": self._chat,
+            "/generate": self._generate,
+        }
+        if method != "POST" or path not in handlers:
+            await _send_json(send, 404, {"detail": "Not Found"})
+            return
+        request = json.loads(body)
+        fault = self.faults.popleft() if self.faults else None
+        with self._lock:
+            self.log.append(
+                {
+                    "path": path,
+                    "body": request,
+                    "authorization": headers.get("authorization"),
+                    "fault": fault,
+                    "time": time.monotonic(),
+                }
+            )
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            if fault is not None and await self._fault(fault, send, path):
+                return
+            await _send_json(send, 200, handlers[path](request, abort=fault == "abort"))
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    async def _fault(self, fault: str, send, path: str) -> bool:
+        """Answer with the fault; False for faults that live inside a 200 body (abort)."""
+        if fault in ("500", "503"):
+            await _send_json(send, int(fault), {"error": {"message": "engine overloaded"}})
+        elif fault.startswith("429"):
+            wait = fault.partition(":")[2] or "1"
+            await _send_json(
+                send, 429, {"error": {"message": "rate limited"}}, [(b"retry-after", wait.encode())]
+            )
+        elif fault == "hang":
+            await asyncio.sleep(self.hang_s)
+            await _send_json(send, 503, {"error": {"message": "too late"}})
+        elif fault == "drop":
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", b"999"),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": b'{"choi', "more_body": True})
+            raise ConnectionAbortedError("fake server drops the connection")
+        elif fault == "malformed":
+            await _send_raw(send, 200, b"<html>502 Bad Gateway</html>")
+        elif fault == "400":
+            message = f"This model's maximum context length is 1024 tokens ({path})"
+            await _send_json(send, 400, {"error": {"message": message, "code": 400}})
+        elif fault == "echo-key-400":
+            message = f"bad request from {self.api_key}"  # a careless server echoing the key
+            await _send_json(send, 400, {"error": {"message": message}})
+        else:
+            return False
+        return True
+
+    def _completions(self, request: dict[str, Any], abort: bool) -> dict[str, Any]:
+        prompt_ids = request["prompt"]
+        ids, finish = self.complete(prompt_ids, request.get("max_tokens", 16))
+        returned = ids if self.include_eos or finish != "stop" else ids[:-1]
+        return {
+            "id": "cmpl-fake",
+            "object": "text_completion",
+            "model": request["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "text": self.tokenizer.decode(ids, skip_special_tokens=True),
+                    "token_ids": returned,
+                    "prompt_token_ids": prompt_ids,
+                    "finish_reason": "abort" if abort else finish,
+                    "stop_reason": None,
+                }
+            ],
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids)},
+        }
+
+    def _chat(self, request: dict[str, Any], abort: bool) -> dict[str, Any]:
+        prompt_ids = self.tokenizer.apply_chat_template(
+            request["messages"], tools=request.get("tools"), add_generation_prompt=True,
+            tokenize=True,
+        )  # fmt: skip
+        ids, finish = self.complete(prompt_ids, request.get("max_tokens", 16))
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        message: dict[str, Any] = {"role": "assistant", "tool_calls": []}
+        if self.reasoning_field is None or "</think>" not in text:
+            message["content"] = text
+            message["reasoning"] = None
+        else:
+            # As vLLM's qwen3 parser: the text on either side of the first </think>, unstripped.
+            reasoning, _, content = text.partition("</think>")
+            message[self.reasoning_field] = reasoning
+            message["content"] = content
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "finish_reason": "abort" if abort else finish,
+            "stop_reason": None,
+        }
+        answer: dict[str, Any] = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "model": request["model"],
+            "choices": [choice],
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids)},
+        }
+        if self.chat_token_ids and request.get("return_token_ids"):
+            choice["token_ids"] = ids
+            answer["prompt_token_ids"] = prompt_ids
+        return answer
+
+    def _generate(self, request: dict[str, Any], abort: bool) -> dict[str, Any]:
+        prompt_ids = request["input_ids"]
+        params = request.get("sampling_params", {})
+        ids, finish = self.complete(prompt_ids, params.get("max_new_tokens", 128))
+        returned = ids if self.include_eos or finish != "stop" else ids[:-1]
+        if abort:
+            reason = {"type": "abort", "message": "aborted by the scheduler"}
+        elif finish == "stop":
+            reason = {"type": "stop", "matched": EOS_ID}
+        else:
+            reason = {"type": "length", "length": len(ids)}
+        return {
+            "text": self.tokenizer.decode(ids, skip_special_tokens=True),
+            "output_ids": returned,
+            "meta_info": {
+                "id": "fake",
+                "finish_reason": reason,
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(ids),
+                "cached_tokens": 0,
+                "e2e_latency": self.delay_s,
+            },
+        }
+
+    def prompts_sent(self) -> list[tuple[int, ...]]:
+        """The prompt token ids of every generation request, in arrival order."""
+        with self._lock:
+            entries = list(self.log)
+        return [
+            tuple(entry["body"].get("prompt") or entry["body"].get("input_ids") or [])
+            for entry in entries
+        ]
+
+
+async def _send_json(send, status: int, data: Any, extra_headers: list | None = None) -> None:
+    await _send_raw(send, status, json.dumps(data).encode(), extra_headers)
+
+
+async def _send_raw(send, status: int, body: bytes, extra_headers: list | None = None) -> None:
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *(extra_headers or []),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def serve(app, port: int | None = None) -> Iterator[str]:
+    """Run an ASGI app with uvicorn in a daemon thread; yields its base URL."""
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port or free_port(),
+        log_level="critical",
+        lifespan="off",
+        access_log=False,
+        timeout_graceful_shutdown=1,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="fake-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the fake server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
