@@ -129,6 +129,11 @@ def _percentiles(values: list[int]) -> dict[str, float]:
     return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": float(ordered[-1])}
 
 
+def _rate(part: int, whole: int) -> float | None:
+    """part/whole, or None when there is nothing to judge (every record truncated)."""
+    return part / whole if whole else None
+
+
 @dataclass
 class _SourceTally:
     records: int = 0
@@ -171,8 +176,7 @@ def quality_report(
     for source, tally in sorted(tallies.items()):
         per_source[source] = {
             "records": tally.records,
-            "reasoning_capture_rate": tally.with_reasoning
-            / max(1, tally.records - tally.truncated),
+            "reasoning_capture_rate": _rate(tally.with_reasoning, tally.records - tally.truncated),
             "thinking_in_content": tally.leaked,
             "server_reasoning_disagreements": tally.server_disagrees,
             "template_mismatches": tally.template_mismatches,
@@ -184,8 +188,10 @@ def quality_report(
     return {
         "reasoning_format": reasoning_format.name,
         "records": total,
-        "reasoning_capture_rate": sum(t.with_reasoning for t in tallies.values())
-        / max(1, total - sum(t.truncated for t in tallies.values())),
+        "reasoning_capture_rate": _rate(
+            sum(t.with_reasoning for t in tallies.values()),
+            total - sum(t.truncated for t in tallies.values()),
+        ),
         "truncation_rate": sum(t.truncated for t in tallies.values()) / max(1, total),
         "per_source": per_source,
         "example_ids_by_flag": dict(examples_by_flag),
@@ -199,7 +205,8 @@ def check_quality_gate(
     problems = []
     examples = report["example_ids_by_flag"]
     for source, figures in report["per_source"].items():
-        if reasons and figures["reasoning_capture_rate"] < min_capture_rate:
+        capture = figures["reasoning_capture_rate"]
+        if reasons and capture is not None and capture < min_capture_rate:
             problems.append(
                 f"source {source!r}: reasoning captured in {figures['reasoning_capture_rate']:.1%}"
                 f" of records (< {min_capture_rate:.0%}); e.g. samples "

@@ -19,6 +19,10 @@ from eaglet.storage import StageOutput
 from tasks.caching import StageCache, run_stage_task
 
 
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
 def _quality_markdown(report: dict) -> str:
     lines = [
         f"# Data quality ({report['reasoning_format']})",
@@ -29,7 +33,7 @@ def _quality_markdown(report: dict) -> str:
     ]
     for source, f in report["per_source"].items():
         lines.append(
-            f"| {source} | {f['records']} | {f['reasoning_capture_rate']:.1%} | "
+            f"| {source} | {f['records']} | {_percent(f['reasoning_capture_rate'])} | "
             f"{f['thinking_in_content']} | {f['truncation_rate']:.1%} | "
             f"{f['reasoning_token_share']:.1%} | {f['sequence_tokens'].get('p50', 0):.0f} |"
         )
@@ -72,9 +76,9 @@ def extract(
             key="data-quality-per-source",
         )
         logger.info(
-            "reasoning format %s; capture rate %.1f%%, truncation %.1f%%",
+            "reasoning format %s; capture rate %s, truncation %.1f%%",
             reasoning_format.name,
-            100 * report["reasoning_capture_rate"],
+            _percent(report["reasoning_capture_rate"]),
             100 * report["truncation_rate"],
         )
         check_quality_gate(

@@ -24,7 +24,12 @@ from tasks.caching import StageCache, run_stage_task
 def hidden_states(config: PipelineConfig, examples: dict, refresh: bool = False) -> dict:
     logger = get_run_logger()
 
+    last_report = [0.0]
+
     def progress(done: int, total: int, elapsed: float) -> None:
+        if elapsed - last_report[0] < 5 and done < total:
+            return
+        last_report[0] = elapsed
         rate = done / max(elapsed, 1e-9)
         logger.info(
             "hidden states %d/%d samples, %.1f samples/s, ETA %.0f s",

@@ -43,6 +43,7 @@ def small_run_overrides(work_dir: Path, model_dir: Path, data_dir: Path) -> list
         f"datasets=[{{source: arith, path: {data_dir / 'arith.jsonl'}, limit: 16}}, "
         f"{{source: tools, path: {data_dir / 'tools.jsonl'}, limit: 8}}]",
         "generation.max_tokens=160",
+        "reasoning.min_capture_rate=0.5",  # a handful of samples from a 2M-parameter model
         "train.epochs=1",
         "train.holdout_fraction=0.2",
         "evaluate.max_prompts=2",
