@@ -91,7 +91,7 @@ def served(tmp_path_factory):
             found = {d["name"]: d["id"] for d in response.json()}
             return found.get("pipeline")
 
-        yield client, _wait_for(deployment_id, 60, "the served deployment")
+        yield client, _wait_for(deployment_id, 60, "the served deployment"), api
     finally:
         if runner is not None:
             _stop(runner)
@@ -127,7 +127,7 @@ def _config(tmp_path: Path, fixture_model_dir: Path, sample_data_dir: Path, *ext
 def test_api_runs_complete_then_come_back_cached(
     served, tmp_path, fixture_model_dir, sample_data_dir
 ):
-    client, deployment_id = served
+    client, deployment_id, _ = served
     parameters = {
         "config": _config(tmp_path, fixture_model_dir, sample_data_dir),
         "until": "extract",
@@ -149,7 +149,7 @@ def test_api_runs_complete_then_come_back_cached(
 def test_failing_task_and_its_message_are_visible_through_the_api(
     served, tmp_path, fixture_model_dir, sample_data_dir
 ):
-    client, deployment_id = served
+    client, deployment_id, _ = served
     config = _config(tmp_path, fixture_model_dir, sample_data_dir, "generation.max_tokens=8")
     run, tasks = _run(client, deployment_id, {"config": config, "until": "extract"})
     assert run["state"]["type"] == "FAILED"
@@ -158,3 +158,101 @@ def test_failing_task_and_its_message_are_visible_through_the_api(
     assert "quality gate failed" in failed["message"]
     assert "hit max_tokens" in failed["message"]
     assert tasks["generate[api]"]["state"]["type"] == "COMPLETED"
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-dev-shm-usage",
+]  # fmt: skip
+
+
+def _property(page, label: str):
+    """The form block of one parameter, found by its label text."""
+    name = page.locator("span.schema-form-property__label", has_text=label)
+    return page.locator("label", has=name).last.locator(
+        "xpath=ancestor::div[contains(@class,'schema-form-property')][1]"
+    )
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed")
+def test_run_with_changed_parameters_from_the_ui_form(
+    served, tmp_path, fixture_model_dir, sample_data_dir
+):
+    """Headless Chromium opens the Prefect UI, starts a custom run of the deployment with a
+    config file given in the `config_path` field, and sees it complete. Screenshots go to
+    tests/artifacts/."""
+    import yaml
+    from playwright.sync_api import sync_playwright
+
+    client, deployment_id, api = served
+    base = api.removesuffix("/api")
+    config_file = tmp_path / "ui-run.yaml"
+    config_file.write_text(yaml.safe_dump(_config(tmp_path, fixture_model_dir, sample_data_dir)))
+    artifacts = ROOT / "tests" / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
+        )
+        page = context.new_page()
+        # Only the local server: the UI would otherwise call an analytics host.
+        page.route(
+            "**/*",
+            lambda route: (
+                route.continue_() if route.request.url.startswith(base) else route.abort()
+            ),
+        )
+        page.goto(f"{base}/deployments")
+        page.get_by_role("link", name="pipeline").first.click()
+        page.get_by_role("button", name="Run", exact=True).click()
+        page.get_by_text("Custom run").first.click()
+        page.get_by_role("heading", name="Parameters").wait_for()
+
+        config_path = _property(page, "config_path (Optional)")
+        config_path.get_by_role("button", name="str").click()
+        config_path.locator("textarea, input").first.fill(str(config_file))
+        page.screenshot(path=str(artifacts / "prefect-ui-custom-run.png"), full_page=True)
+        config_path.locator("textarea, input").first.press("Tab")
+        page.get_by_role("button", name="Submit").click()
+        page.wait_for_timeout(3000)
+        page.screenshot(path=str(artifacts / "prefect-ui-submitted.png"), full_page=False)
+
+        def submitted():
+            runs = client.post(
+                "/flow_runs/filter",
+                json={"deployments": {"id": {"any_": [deployment_id]}}},
+            ).json()
+            return next(
+                (r for r in runs if r["parameters"].get("config_path") == str(config_file)),
+                None,
+            )
+
+        run = _wait_for(submitted, 60, "the run submitted from the UI")
+
+        def completed():
+            state = client.get(f"/flow_runs/{run['id']}").json()["state"]["type"]
+            return state if state in ("COMPLETED", "FAILED", "CRASHED") else None
+
+        _wait_for(completed, 600, "the UI-started run to finish")
+        # Read the state from the run's own page, after its name shows (the URL changes
+        # before the page does, and another run's badge must not pass for this one).
+        page.goto(f"{base}/runs/flow-run/{run['id']}")
+        page.get_by_text(run["name"]).first.wait_for()
+        page.locator(".state-badge", has_text="Completed").first.wait_for(timeout=60_000)
+        page.screenshot(path=str(artifacts / "prefect-ui-run-completed.png"), full_page=True)
+        context.close()
+
+    final = client.get(f"/flow_runs/{run['id']}").json()
+    assert final["state"]["type"] == "COMPLETED"
+    tasks = client.post(
+        "/task_runs/filter", json={"flow_runs": {"id": {"any_": [run["id"]]}}}
+    ).json()
+    stages = ("download", "tokenize", "generate", "extract", "hidden_states", "train", "evaluate")
+    assert {t["name"] for t in tasks} == {f"{stage}[api]" for stage in stages}
