@@ -42,7 +42,8 @@ def test_demo_runs_every_stage_then_reruns_fully_cached(tmp_path, fixture_model_
     inspected = run_cli(["inspect", str(work_dir), "--json"], cwd=tmp_path)
     stages = json.loads(inspected.stdout)["stages"]
     assert {s: v["status"] for s, v in stages.items()} == dict.fromkeys(STAGES, "complete")
-    assert stages["download"]["records"] == 300
+    download = stages["download"]["counts"]  # 300 rows, identical ones kept once
+    assert download["records"] + download["duplicates"] == 300
     assert all(stages[s]["records"] > 0 for s in STAGES)
 
 
