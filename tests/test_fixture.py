@@ -201,9 +201,9 @@ def test_fixture_model_builds_loads_and_reasons(fixture_model_dir: Path) -> None
     completions = greedy_generate(model, tokenizer, eval_prompts(20, seed=5))
     think_close = tokenizer.convert_tokens_to_ids(THINK_CLOSE)
     good = sum(has_reasoning_format(tokens, think_close, eos) for tokens in completions)
-    # Measured: 17/20 here and 95/100 on the seed-0 prompts. A 2M-parameter model sometimes
-    # never closes its reasoning; the demo's quality gate is set for that (eaglet/cli.py).
-    assert good >= 16, f"only {good}/20 completions have the reasoning format"
+    # Measured with the default 250 steps: 20/20 here, 99/100 on the seed-0 eval prompts.
+    # A 2M-parameter model still sometimes never closes its reasoning, hence the margin.
+    assert good >= 18, f"only {good}/20 completions have the reasoning format"
 
 
 @pytest.mark.slow
