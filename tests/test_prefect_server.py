@@ -202,6 +202,8 @@ def test_run_with_changed_parameters_from_the_ui_form(
             args=CHROMIUM_ARGS,
         )
         page = context.new_page()
+        # A loaded CI box renders the UI slowly: wait for elements, never for a fixed time.
+        page.set_default_timeout(120_000)
         # Only the local server: the UI would otherwise call an analytics host.
         page.route(
             "**/*",
@@ -211,6 +213,7 @@ def test_run_with_changed_parameters_from_the_ui_form(
         )
         page.goto(f"{base}/deployments")
         page.get_by_role("link", name="pipeline").first.click()
+        page.wait_for_load_state("networkidle")
         page.get_by_role("button", name="Run", exact=True).click()
         page.get_by_text("Custom run").first.click()
         page.get_by_role("heading", name="Parameters").wait_for()
