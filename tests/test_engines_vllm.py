@@ -9,8 +9,15 @@ cases and for the openai engine only with the parser.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
 from pathlib import Path
 
+import httpx
 import pytest
 
 from eaglet.canary import PARSER_HINT, run_canary
@@ -22,8 +29,8 @@ from eaglet.extract import server_reasoning_text
 from eaglet.generation import run_generation_sync
 from eaglet.prompts import load_tokenizer
 from eaglet.reasoning import detect_format
-from eaglet.records import Generation, Prompt, read_jsonl
-from tests.vllm_server import vllm_python, vllm_server
+from eaglet.records import Generation, Prompt, read_jsonl, repair_and_read_ids, write_jsonl
+from tests.vllm_server import ROOT, vllm_python, vllm_server
 
 pytestmark = [
     pytest.mark.vllm,
@@ -39,14 +46,13 @@ def tokenizer(fixture_model_dir):
     return load_tokenizer(str(fixture_model_dir))
 
 
-@pytest.fixture(scope="module")
-def prompts(tokenizer) -> list[Prompt]:
-    """Held-out fixture conversations (plain, multi-turn and tool calls), as the tokenize
-    stage renders them."""
+def fixture_prompts(tokenizer, n: int, stream: str = "eval") -> list[Prompt]:
+    """Fixture conversations (plain, multi-turn and tool calls), as the tokenize stage renders
+    them."""
     from eaglet.fixture.corpus import generate_conversations, prompt_and_target
 
     prompts = []
-    for i, conversation in enumerate(generate_conversations(N_PROMPTS, 1, stream="eval")):
+    for i, conversation in enumerate(generate_conversations(n, 1, stream=stream)):
         context, _ = prompt_and_target(conversation)
         text = tokenizer.apply_chat_template(
             context["messages"], tools=context["tools"], add_generation_prompt=True,
@@ -55,13 +61,19 @@ def prompts(tokenizer) -> list[Prompt]:
         prompts.append(
             Prompt(
                 sample_id=f"v{i}",
-                source="eval",
+                source=stream,
                 prompt_ids=tokenizer(text, add_special_tokens=False)["input_ids"],
                 prompt_text=text,
                 messages=context["messages"],
                 tools=context["tools"],
             )
         )
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer) -> list[Prompt]:
+    prompts = fixture_prompts(tokenizer, N_PROMPTS)
     assert any(p.tools for p in prompts)
     return prompts
 
@@ -175,3 +187,85 @@ def test_canary(server, fixture_model_dir, tokenizer, prompts):
     else:
         assert not openai.ok
         assert PARSER_HINT in openai.failures[0], openai.render()
+
+
+KILL_CHILD = """
+import sys
+from pathlib import Path
+from eaglet.config import PipelineConfig
+from eaglet.engines.http import make_http_engine
+from eaglet.generation import run_generation_sync
+from eaglet.prompts import load_tokenizer
+from eaglet.records import Prompt, read_jsonl
+
+config_json, prompts_path, out, failed = sys.argv[1:5]
+config = PipelineConfig.model_validate_json(config_json)
+engine = make_http_engine(config, load_tokenizer(config.target.model))
+prompts = list(read_jsonl(Path(prompts_path), Prompt))
+run_generation_sync(engine, prompts, Path(out), Path(failed))
+"""
+
+
+def server_counts(url: str) -> tuple[float, float]:
+    """(requests the server finished for any reason, their prompt tokens) from `/metrics`."""
+    finished = prompt_tokens = 0.0
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("vllm:request_success_total{"):
+            finished += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("vllm:request_prompt_tokens_sum{"):
+            prompt_tokens += float(line.rsplit(" ", 1)[1])
+    return finished, prompt_tokens
+
+
+def wait_until_idle(url: str, timeout: float = 60) -> None:
+    """Requests cut off by the kill are aborted or finish; wait until none runs or waits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines()
+            if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{"))
+        )
+        if busy == 0:
+            return
+        time.sleep(0.2)
+    raise TimeoutError("vLLM still busy a minute after the client was killed")
+
+
+def test_sigkill_mid_run_then_resume_sends_no_finished_sample_again(
+    server, fixture_model_dir, tokenizer, tmp_path
+):
+    """Kill -9 the generating process mid-run, resume: every sample is written exactly once,
+    and the server's own counters show that the resume sent exactly the unfinished samples."""
+    url, _ = server
+    prompts = fixture_prompts(tokenizer, 96, stream="kill")
+    prompts_path, out, failed = tmp_path / "prompts.jsonl", tmp_path / "gen.jsonl", tmp_path / "f"
+    write_jsonl(prompts_path, prompts)
+    config = config_for(fixture_model_dir, url, "vllm")
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILL_CHILD, config.model_dump_json(), str(prompts_path),
+         str(out), str(failed)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not out.exists() or out.read_text().count("\n") < 20:
+        assert child.poll() is None, "the child finished before it could be killed"
+        assert time.monotonic() < deadline, "the child wrote fewer than 20 records in 5 min"
+        time.sleep(0.01)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    wait_until_idle(url)
+    finished = repair_and_read_ids(out)
+    assert 20 <= len(finished) < len(prompts)
+    count_before, tokens_before = server_counts(url)
+
+    summary = run_generation_sync(make_http_engine(config, tokenizer), prompts, out, failed)
+
+    count_after, tokens_after = server_counts(url)
+    unfinished = [p for p in prompts if p.sample_id not in finished]
+    assert summary.already_done == len(finished) and summary.failed == 0
+    assert count_after - count_before == len(unfinished), "the resume sent a finished sample"
+    assert tokens_after - tokens_before == sum(len(p.prompt_ids) for p in unfinished)
+    counts = Counter(g.sample_id for g in read_jsonl(out, Generation))
+    assert set(counts) == {p.sample_id for p in prompts}
+    assert max(counts.values()) == 1, "a sample was written twice"
