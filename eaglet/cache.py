@@ -62,6 +62,8 @@ def stage_modules(stage: str, config: PipelineConfig | None = None) -> tuple[str
     modules = STAGE_MODULES[stage]
     if stage == "generate" and config is not None:
         modules += ENGINE_MODULES[config.generation.engine]
+        if config.tokenize.regenerate == "all":  # later turns' prompts depend on the split
+            modules += ("eaglet.turns", "eaglet.reasoning", "eaglet.prompts")
     return modules
 
 

@@ -18,12 +18,16 @@ from eaglet.config import STAGES, ConfigError, PipelineConfig, load_config
 from eaglet.storage import PARTIAL_SUFFIX, read_manifest
 
 
-def _run_pipeline(config: PipelineConfig, until: str, refresh_from: str | None) -> dict:
+def _run_pipeline(
+    config: PipelineConfig, until: str, refresh_from: str | None, retry_failed: bool = False
+) -> dict:
     # Offline clusters are common: Prefect's usage telemetry would only log resolver errors.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.pipeline import pipeline
 
-    return pipeline(config=config, until=until, refresh_from=refresh_from)
+    return pipeline(
+        config=config, until=until, refresh_from=refresh_from, retry_failed=retry_failed
+    )
 
 
 def _print_run(result: dict, seconds: float) -> None:
@@ -84,7 +88,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     started = time.time()
     config = load_config(args.config, args.set)
-    result = _run_pipeline(config, args.until, args.refresh_from)
+    result = _run_pipeline(config, args.until, args.refresh_from, args.retry_failed)
     _print_run(result, time.time() - started)
     if result["evaluation"]:
         print(f"acceptance length tau = {result['evaluation']['tau']:.3f}")
@@ -295,6 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("config")
     run.add_argument("--until", choices=STAGES, default="evaluate")
     run.add_argument("--refresh-from", choices=STAGES)
+    run.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="send the samples the generate stage recorded as failed again, keeping the rest",
+    )
     run.add_argument("--set", action="append", default=[], metavar="a.b=value")
     run.set_defaults(handler=cmd_run)
 

@@ -217,6 +217,7 @@ async def run_generation(
     failed_path: Path,
     progress: Callable[[GenerationProgress], None] | None = None,
     max_failure_fraction: float | None = None,
+    append_failures: bool = False,
 ) -> GenerationSummary:
     """Generate every prompt whose id is not in `out_path` yet, appending one line per record.
 
@@ -224,7 +225,8 @@ async def run_generation(
     `generate(prompts) -> Iterator[Generation]`. With `max_failure_fraction`, the run stops
     as soon as more prompts have failed than that share of the total could allow, and raises
     `TooManyFailuresError` (records written so far stay); without it, the caller checks the
-    summary (`summary.check(fraction)`).
+    summary (`summary.check(fraction)`). `append_failures` adds to `failed_path` instead of
+    starting it afresh (later rounds of a multi-turn run).
     """
     out_path, failed_path = Path(out_path), Path(failed_path)
     started = time.monotonic()
@@ -269,7 +271,10 @@ async def run_generation(
     pending_ids = {p.sample_id for p in todo}
     last_sync = time.monotonic()
     limit = None if max_failure_fraction is None else max_failure_fraction * max(1, total)
-    with open(out_path, "a", encoding="utf-8") as out, open(failed_path, "w") as failed:
+    with (
+        open(out_path, "a", encoding="utf-8") as out,
+        open(failed_path, "a" if append_failures else "w") as failed,
+    ):
         stream = _records_of(engine, todo) if todo else None
         try:
             async for item in stream or _nothing():

@@ -1,8 +1,10 @@
 """Turning a sample into the prompt the target answers, with the target's own chat template.
 
-The regenerated turn is the last assistant message: everything before it is rendered with
-`add_generation_prompt=True`, so the prompt ends exactly where the target starts writing
-(for thinking models, after the template's opening `<think>`).
+With `regenerate="last"` the regenerated turn is the last assistant message: everything before
+it is rendered with `add_generation_prompt=True`, so the prompt ends exactly where the target
+starts writing (for thinking models, after the template's opening `<think>`). With
+`regenerate="all"` the prompt is the one of the first assistant turn, and the messages the
+dataset has between later assistant turns travel along as `followups` (eaglet/turns.py).
 """
 
 from __future__ import annotations
@@ -40,8 +42,33 @@ def conversation_before_last_answer(sample: Sample) -> list[dict[str, Any]]:
     return context
 
 
-def render_prompt(sample: Sample, tokenizer, chat_template_kwargs: dict[str, Any]) -> Prompt:
-    context = conversation_before_last_answer(sample)
+def conversation_turns(
+    sample: Sample,
+) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
+    """(messages before the first assistant turn, the messages between each assistant turn and
+    the next); messages after the last assistant turn are dropped."""
+    messages = sample.messages
+    assistant_at = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not assistant_at:
+        return conversation_before_last_answer(sample), []
+    segments = [messages[: assistant_at[0]]]
+    segments += [messages[a + 1 : b] for a, b in zip(assistant_at, assistant_at[1:], strict=False)]
+    for turn, segment in enumerate(segments, start=1):
+        if not segment or segment[-1]["role"] not in ("user", "tool"):
+            raise PromptError(
+                f"sample {sample.sample_id} ({sample.source}): assistant turn {turn} must follow "
+                f"a user or tool message, got {segment[-1]['role'] if segment else 'nothing'}"
+            )
+    return segments[0], segments[1:]
+
+
+def render_prompt(
+    sample: Sample, tokenizer, chat_template_kwargs: dict[str, Any], regenerate: str = "last"
+) -> Prompt:
+    if regenerate == "all":
+        context, followups = conversation_turns(sample)
+    else:
+        context, followups = conversation_before_last_answer(sample), []
     text = tokenizer.apply_chat_template(
         context,
         tools=sample.tools,
@@ -58,6 +85,7 @@ def render_prompt(sample: Sample, tokenizer, chat_template_kwargs: dict[str, Any
         prompt_text=text,
         messages=context,
         tools=sample.tools,
+        followups=followups,
     )
 
 

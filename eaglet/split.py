@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import hashlib
 
+from eaglet.records import conversation_id
+
 
 def is_heldout(sample_id: str, fraction: float) -> bool:
-    """True for about `fraction` of ids, always the same ones, whatever the order or the run."""
-    bucket = int(hashlib.sha256(f"holdout:{sample_id}".encode()).hexdigest()[:8], 16)
+    """True for about `fraction` of ids, always the same ones, whatever the order or the run.
+    The turns of one conversation are held out together."""
+    key = conversation_id(sample_id)
+    bucket = int(hashlib.sha256(f"holdout:{key}".encode()).hexdigest()[:8], 16)
     return bucket / 0x1_0000_0000 < fraction

@@ -100,20 +100,31 @@ def run_stage(
     body: Callable[[Path], StageOutput],
     resume_partial: bool = False,
     refresh: bool = False,
+    reopen_if: Callable[[Manifest], bool] | None = None,
 ) -> Manifest:
     """Run `body(partial_folder)` unless the stage folder for `key` is already complete.
 
     The body writes its files into the partial folder; this function hashes them, writes the
     manifest and renames the folder into place, so a crash at any point leaves no folder that
     looks complete. `refresh` sets a complete folder aside (never deletes it) and runs again.
+    `reopen_if(manifest)` true turns a complete folder back into the partial one, its records
+    kept, so a resumable body carries on from them (the generate stage retrying its failed
+    samples).
     """
     final = stage_folder(work_dir, stage, key)
+    partial = final.with_name(final.name + PARTIAL_SUFFIX)
     if refresh and final.exists():
         os.replace(final, final.with_name(f"{key}.replaced-{int(time.time())}"))
+    complete = read_manifest(final)
+    if reopen_if is not None and complete is not None and reopen_if(complete):
+        if partial.exists():
+            raise RuntimeError(f"cannot reopen {final}: {partial} exists too; remove one of them")
+        (final / MANIFEST).unlink()
+        os.replace(final, partial)
+        resume_partial = True
     existing = read_manifest(final)
     if existing is not None:
         return existing
-    partial = final.with_name(final.name + PARTIAL_SUFFIX)
     if partial.exists() and not resume_partial:
         shutil.rmtree(partial)
     partial.mkdir(parents=True, exist_ok=True)

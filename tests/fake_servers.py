@@ -14,7 +14,8 @@ tokenized with `ToyTokenizer`, a character-level tokenizer with the same special
 
 Faults are queued with `server.faults.append(...)`, one per generation request in arrival
 order: "500", "503", "429:<seconds>" (with Retry-After), "hang", "drop" (the connection closes
-mid-answer), "malformed" (200 with a body that is not JSON), "400" (with a message), "abort".
+mid-answer), "malformed" (200 with a body that is not JSON), "400" (with a message), "abort",
+and "ok" (no fault: a placeholder to let earlier requests through).
 `serve(app)` runs any ASGI app with uvicorn in a thread on a free loopback port.
 """
 
@@ -166,6 +167,7 @@ class FakeServer:
             return
         request = json.loads(body)
         fault = self.faults.popleft() if self.faults else None
+        fault = None if fault == "ok" else fault
         with self._lock:
             self.log.append(
                 {
