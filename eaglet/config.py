@@ -123,10 +123,12 @@ class GenerationConfig(_Strict):
 
 
 class ReasoningConfig(_Strict):
-    format: Literal["auto", "think_open_in_prompt", "think_in_output", "none"] = Field(
+    format: Literal["auto", "think_open_in_prompt", "think_in_output", "harmony", "none"] = Field(
         "auto",
         description="How the target marks its reasoning. auto = detect from the tokenizer and "
-        "chat template.",
+        "chat template; think_open_in_prompt = the prompt ends with <think> (Qwen3-thinking, "
+        "DeepSeek-R1); think_in_output = the model writes <think> itself (Qwen3 hybrid); "
+        "harmony = gpt-oss analysis/final channels; none = no reasoning.",
     )
     min_capture_rate: float = Field(
         0.9,

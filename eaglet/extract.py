@@ -1,8 +1,12 @@
 """From generations to training examples: the token split, the loss mask, the quality report.
 
 `input_ids` is `prompt_ids + output_ids` exactly as generated (never re-rendered text), and the
-loss mask covers exactly the tokens the model produced: reasoning, closing tag, answer, end
-token. Everything the chat template wrote (prompt, role headers, an injected `<think>`) is 0.
+loss mask covers exactly the tokens the model produced: reasoning, closing tag, answer, tool
+calls, harmony headers, end token. Everything the chat template wrote (prompt, role headers, an
+injected `<think>`) is 0. Tool calls come from the split's `tool_call` parts, or from the
+answer text where the tokenizer spells `<tool_call>` in pieces. A chat server's own text fields
+(kept in `Generation.raw`) are cross-checked against the split: disagreements go to
+`server_disagreements.jsonl` with both texts, and quality.json counts them per source.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eaglet.reasoning import ReasoningFormat
+from eaglet.reasoning import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ReasoningFormat, ReasoningSplit
 from eaglet.records import Example, Generation, Prompt, read_jsonl, record_line
 from eaglet.storage import write_json_atomic
 
@@ -39,12 +43,75 @@ def parse_tool_calls(content: str) -> tuple[str, list[dict[str, Any]]]:
     return TOOL_CALL.sub("", content).strip(), calls
 
 
+def tool_call_from_part(text: str, recipient: str | None) -> dict[str, Any]:
+    """One call from a `tool_call` part's text: a harmony body addressed to `recipient`
+    (`functions.NAME`), or a `<tool_call>{json}</tool_call>` block."""
+    if recipient is not None:
+        name = recipient.removeprefix("functions.")
+        try:
+            return {"name": name, "arguments": json.loads(text)}
+        except json.JSONDecodeError:
+            return {"name": name, "unparsed": text}
+    inner = text.strip().removeprefix(TOOL_CALL_OPEN).removesuffix(TOOL_CALL_CLOSE).strip()
+    try:
+        return json.loads(inner)
+    except json.JSONDecodeError:
+        return {"unparsed": inner}
+
+
+def _server_reasoning_field(raw: dict[str, Any]) -> str | None:
+    return next(
+        (n for n in ("reasoning", "reasoning_content") if isinstance(raw.get(n), str)), None
+    )
+
+
 def server_reasoning_text(raw: dict[str, Any]) -> str | None:
     """The reasoning text a server returned, under whichever name it used, if any."""
-    for name in ("reasoning", "reasoning_content"):
-        if isinstance(raw.get(name), str):
-            return raw[name]
-    return None
+    field = _server_reasoning_field(raw)
+    return raw[field] if field else None
+
+
+# A server's text fields, as the openai engine keeps them in `Generation.raw`.
+SERVER_TEXT_FIELDS = ("content", "reasoning", "reasoning_content")
+
+
+@dataclass(frozen=True)
+class ServerTexts:
+    """A chat server's text for one generation, judged against eaglet's token split."""
+
+    reasoning_field: str | None  # "reasoning" or "reasoning_content"; None: no such field
+    reasoning: str | None
+    content: str | None
+    # No reasoning field, and the thinking sits in `content` (no reasoning parser ran):
+    # the seeds' bug signature, harmless here because the split works on token ids.
+    thinking_in_content: bool
+    disagrees: bool  # the server's text shows other reasoning than the split
+
+
+def server_texts(raw: dict[str, Any], reasoning: str) -> ServerTexts | None:
+    """Judge the server's text fields against the split's (stripped) reasoning; None when the
+    engine kept no text fields (local, vllm, sglang)."""
+    if not any(name in raw for name in SERVER_TEXT_FIELDS):
+        return None
+    field = _server_reasoning_field(raw)
+    content = raw["content"] if isinstance(raw.get("content"), str) else None
+    holds_thinking = content is not None and (
+        any(tag in content for tag in LEAKED_THINKING) or (reasoning != "" and reasoning in content)
+    )
+    thinking_in_content = field is None and holds_thinking
+    if field is not None:
+        disagrees = raw[field].strip() != reasoning
+    elif thinking_in_content:
+        disagrees = reasoning not in content
+    else:  # the server shows no thinking at all
+        disagrees = bool(reasoning)
+    return ServerTexts(
+        field, raw[field] if field else None, content, thinking_in_content, disagrees
+    )
+
+
+def _parts_text(split: ReasoningSplit, kind: str, tokenizer, separator: str) -> str:
+    return separator.join(tokenizer.decode(part.ids) for part in split.of_kind(kind)).strip()
 
 
 def build_example(
@@ -52,8 +119,15 @@ def build_example(
 ) -> Example:
     split = reasoning_format.split(generation.output_ids, end_ids)
     assert split.all_ids() == generation.output_ids, "split must reproduce the output ids"
-    reasoning = tokenizer.decode(split.ids("reasoning")).strip()
-    content, tool_calls = parse_tool_calls(tokenizer.decode(split.ids("content")).strip())
+    separator = reasoning_format.part_separator
+    reasoning = _parts_text(split, "reasoning", tokenizer, separator)
+    tool_calls = [
+        tool_call_from_part(tokenizer.decode(part.ids), part.recipient)
+        for part in split.of_kind("tool_call")
+    ]
+    # Where the tags are not single tokens, the calls are still in the answer text.
+    content, text_calls = parse_tool_calls(_parts_text(split, "content", tokenizer, separator))
+    tool_calls += text_calls
     flags = list(split.flags)
     if generation.finish_reason == "length":
         flags.append("truncated")
@@ -65,9 +139,11 @@ def build_example(
         flags.append("thinking_in_content")
     if not generation.token_exact:
         flags.append("not_token_exact")
-    server_text = server_reasoning_text(generation.raw)
-    if server_text is not None and server_text.strip() != reasoning:
+    server = server_texts(generation.raw, reasoning)
+    if server is not None and server.disagrees:
         flags.append("server_reasoning_disagrees")
+    if server is not None and server.thinking_in_content:
+        flags.append("server_thinking_in_content")
     input_ids = generation.prompt_ids + generation.output_ids
     loss_mask = [0] * len(generation.prompt_ids) + [1] * len(generation.output_ids)
     return Example(
@@ -141,15 +217,23 @@ class _SourceTally:
     truncated: int = 0
     leaked: int = 0
     server_disagrees: int = 0
+    server_checked: int = 0
+    server_reasoning_in_field: int = 0
+    server_thinking_in_content: int = 0
     template_mismatches: int = 0
     reasoning_tokens: int = 0
     output_tokens: int = 0
 
 
 def quality_report(
-    examples: list[Example], reasoning_tokens: dict[str, int], reasoning_format: ReasoningFormat
+    examples: list[Example],
+    reasoning_tokens: dict[str, int],
+    reasoning_format: ReasoningFormat,
+    server_checks: dict[str, ServerTexts] | None = None,
 ) -> dict[str, Any]:
-    """Per-source figures a person checks before trusting the data (written as quality.json)."""
+    """Per-source figures a person checks before trusting the data (written as quality.json).
+    `server_checks` holds the server text cross-check of the samples that have one."""
+    server_checks = server_checks or {}
     tallies: dict[str, _SourceTally] = defaultdict(_SourceTally)
     lengths: dict[str, list[int]] = defaultdict(list)
     examples_by_flag: dict[str, list[str]] = defaultdict(list)
@@ -165,6 +249,11 @@ def quality_report(
         # The seeds' signature: no reasoning split out, yet thinking text sits in the answer.
         tally.leaked += "thinking_in_content" in example.flags
         tally.server_disagrees += "server_reasoning_disagrees" in example.flags
+        server = server_checks.get(example.sample_id)
+        if server is not None:
+            tally.server_checked += 1
+            tally.server_reasoning_in_field += server.reasoning_field is not None
+            tally.server_thinking_in_content += server.thinking_in_content
         tally.template_mismatches += "template_mismatch" in example.flags
         tally.reasoning_tokens += reasoning_tokens.get(example.sample_id, 0)
         tally.output_tokens += sum(example.loss_mask)
@@ -179,6 +268,11 @@ def quality_report(
             "reasoning_capture_rate": _rate(tally.with_reasoning, tally.records - tally.truncated),
             "thinking_in_content": tally.leaked,
             "server_reasoning_disagreements": tally.server_disagrees,
+            # Records whose server text was cross-checked, and where that server put the
+            # thinking: in a reasoning field, or inside `content` (no reasoning parser).
+            "server_texts_checked": tally.server_checked,
+            "server_reasoning_in_field": tally.server_reasoning_in_field,
+            "server_thinking_in_content": tally.server_thinking_in_content,
             "template_mismatches": tally.template_mismatches,
             "truncation_rate": tally.truncated / tally.records,
             "reasoning_token_share": tally.reasoning_tokens / max(1, tally.output_tokens),
@@ -222,6 +316,31 @@ def check_quality_gate(
         raise QualityGateError("quality gate failed:\n  " + "\n  ".join(problems))
 
 
+# Longest text of one field in `server_disagreements.jsonl`; longer ones keep head and tail.
+SERVER_TEXT_SHOWN = 2000
+
+
+def _clip(text: str | None, limit: int = SERVER_TEXT_SHOWN) -> str | None:
+    if text is None or len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]} …[{len(text) - 2 * half} chars cut]… {text[-half:]}"
+
+
+def server_disagreement_line(example: Example, server: ServerTexts) -> dict[str, Any]:
+    """Both readings of one sample, side by side (texts clipped to SERVER_TEXT_SHOWN)."""
+    return {
+        "sample_id": example.sample_id,
+        "source": example.source,
+        "split_reasoning": _clip(example.reasoning),
+        "split_content": _clip(example.content),
+        "server_reasoning_field": server.reasoning_field,
+        "server_reasoning": _clip(server.reasoning),
+        "server_content": _clip(server.content),
+        "server_thinking_in_content": server.thinking_in_content,
+    }
+
+
 def write_examples(
     generations_path: Path,
     prompts_path: Path,
@@ -232,15 +351,24 @@ def write_examples(
     chat_template_kwargs: dict[str, Any],
 ) -> dict[str, Any]:
     """Build every example into `examples.jsonl`, template mismatches into
-    `template_mismatches.jsonl`, and the quality report into `quality.json`; return the report."""
+    `template_mismatches.jsonl`, samples whose server text disagrees with the split into
+    `server_disagreements.jsonl`, and the quality report into `quality.json`; return the
+    report."""
     prompt_by_id = {p.sample_id: p for p in read_jsonl(prompts_path, Prompt)}
-    examples, reasoning_tokens = [], {}
+    examples, reasoning_tokens, server_checks = [], {}, {}
     with (
         open(out_dir / "examples.jsonl", "w", encoding="utf-8") as out,
         open(out_dir / "template_mismatches.jsonl", "w", encoding="utf-8") as mismatches,
+        open(out_dir / "server_disagreements.jsonl", "w", encoding="utf-8") as disagreements,
     ):
         for generation in read_jsonl(generations_path, Generation):
             example = build_example(generation, tokenizer, reasoning_format, end_ids)
+            server = server_texts(generation.raw, example.reasoning)
+            if server is not None:
+                server_checks[example.sample_id] = server
+                if server.disagrees:
+                    line = server_disagreement_line(example, server)
+                    disagreements.write(json.dumps(line, ensure_ascii=False) + "\n")
             prompt = prompt_by_id[example.sample_id]
             mismatch = template_mismatch(example, prompt, tokenizer, chat_template_kwargs)
             if mismatch is not None:
@@ -250,18 +378,22 @@ def write_examples(
             reasoning_tokens[example.sample_id] = len(split.ids("reasoning"))
             out.write(record_line(example))
             examples.append(example)
-    report = quality_report(examples, reasoning_tokens, reasoning_format)
+    report = quality_report(examples, reasoning_tokens, reasoning_format, server_checks)
     write_json_atomic(out_dir / "quality.json", report)
     return report
 
 
-# Span styles of the loss-mask viewer: (label, ANSI colour). Masked spans are dim.
+# Span styles of the loss-mask viewer: (label, ANSI colour), one for every part kind of every
+# reasoning format, and the prompt. Masked spans are dim.
 _SPAN_STYLE = {
     "prompt": ("masked", "2"),
     "think_open": ("trained:tag", "35"),
     "reasoning": ("trained:reasoning", "36"),
     "think_close": ("trained:tag", "35"),
     "content": ("trained:answer", "32"),
+    "tool_call": ("trained:tool_call", "34"),
+    "header": ("trained:header", "35"),
+    "message_end": ("trained:tag", "35"),
     "end": ("trained:end", "33"),
 }
 

@@ -1,23 +1,50 @@
-"""Reasoning formats: how a target marks its thinking, and the split of output token ids.
+"""Reasoning formats: how a target marks its thinking and its tool calls, and the split of
+output token ids into parts.
 
 The split works on token ids, never on a server's text fields, so it is the same whatever
 reasoning parser a server ran (or did not run). One class per format; each returns the output
-as ordered parts that concatenate back to the output ids exactly.
+as ordered parts that concatenate back to the output ids exactly. Every part is something the
+model wrote (all of it is trained); the kinds only tell reasoning, answer, tool calls and the
+format's own markers apart. `detect_format` picks the format from the tokenizer and template.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
+# Hermes/Qwen tool calls: `<tool_call>{"name": ..., "arguments": ...}</tool_call>` after the
+# reasoning. Qwen tokenizers hold the tags as single tokens; others spell them in text pieces.
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+
+# OpenAI harmony (gpt-oss), from the harmony format guide: a message is
+# `<|start|>{header}<|message|>{body}<|end|>`; the header holds the role, `<|channel|>` and the
+# channel name, an optional recipient `to=...` and an optional `<|constrain|>` content type.
+# The model stops with `<|return|>` after its answer and `<|call|>` after a tool call.
+HARMONY_START = "<|start|>"
+HARMONY_CHANNEL = "<|channel|>"
+HARMONY_MESSAGE = "<|message|>"
+HARMONY_END = "<|end|>"
+HARMONY_RETURN = "<|return|>"
+HARMONY_CALL = "<|call|>"
+HARMONY_ASSISTANT_PROMPT_END = "<|start|>assistant"  # how a prompt for the assistant ends
+_HARMONY_CHANNEL_NAME = re.compile(r"<\|channel\|>\s*([A-Za-z_]+)")
+_HARMONY_RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 
 
 @dataclass(frozen=True)
 class Part:
-    kind: str  # "think_open" | "reasoning" | "think_close" | "content" | "end"
+    """A run of output ids of one kind. `recipient` names the tool a harmony tool call is
+    addressed to (its header says so, outside the part); None elsewhere."""
+
+    kind: str
     ids: list[int]
+    recipient: str | None = None
 
 
 @dataclass(frozen=True)
@@ -28,6 +55,9 @@ class ReasoningSplit:
 
     def ids(self, kind: str) -> list[int]:
         return [token for part in self.parts if part.kind == kind for token in part.ids]
+
+    def of_kind(self, kind: str) -> list[Part]:
+        return [part for part in self.parts if part.kind == kind]
 
     def all_ids(self) -> list[int]:
         return [token for part in self.parts for token in part.ids]
@@ -43,11 +73,40 @@ def _parts(*pairs: tuple[str, list[int]]) -> list[Part]:
     return [Part(kind, ids) for kind, ids in pairs if ids]
 
 
+def _index(ids: list[int], token: int, start: int = 0) -> int | None:
+    try:
+        return ids.index(token, start)
+    except ValueError:
+        return None
+
+
+def _answer_parts(
+    ids: list[int], tool_open: int | None, tool_close: int | None
+) -> tuple[list[Part], list[str]]:
+    """The answer as `content` and `tool_call` parts (each call with its two tags); all
+    `content` when the tags are not single tokens of the tokenizer."""
+    if tool_open is None or tool_close is None:
+        return _parts(("content", ids)), []
+    parts: list[Part] = []
+    position = 0
+    while (start := _index(ids, tool_open, position)) is not None:
+        parts += _parts(("content", ids[position:start]))
+        close = _index(ids, tool_close, start + 1)
+        if close is None:
+            return parts + _parts(("tool_call", ids[start:])), ["tool_call_not_closed"]
+        parts.append(Part("tool_call", ids[start : close + 1]))
+        position = close + 1
+    return parts + _parts(("content", ids[position:])), []
+
+
 class ReasoningFormat:
     """Base: a format names itself and splits output ids into parts."""
 
     name: ClassVar[str]
     reasons: ClassVar[bool] = True  # whether records are expected to carry reasoning
+    part_kinds: ClassVar[tuple[str, ...]]  # every kind `split` may return
+    # How the texts of several parts of one kind join (harmony writes one message per part).
+    part_separator: ClassVar[str] = ""
 
     def split(self, output_ids: list[int], end_ids: set[int]) -> ReasoningSplit:
         raise NotImplementedError
@@ -55,25 +114,36 @@ class ReasoningFormat:
 
 @dataclass(frozen=True)
 class ThinkOpenInPrompt(ReasoningFormat):
-    """Qwen3-thinking, DeepSeek-R1, Kimi-K2: `<think>` ends the prompt; the model writes
-    `reasoning </think> answer <end>`."""
+    """Qwen3-thinking, DeepSeek-R1/V3.1+, Kimi-K2: `<think>` ends the prompt; the model writes
+    `reasoning </think> answer [<tool_call>...</tool_call>] <end>`."""
 
     open_id: int
     close_id: int
+    tool_call_open_id: int | None = None
+    tool_call_close_id: int | None = None
     name: ClassVar[str] = "think_open_in_prompt"
+    part_kinds: ClassVar[tuple[str, ...]] = (
+        "reasoning",
+        "think_close",
+        "content",
+        "tool_call",
+        "end",
+    )
 
     def split(self, output_ids: list[int], end_ids: set[int]) -> ReasoningSplit:
         body, end = _split_end(output_ids, end_ids)
-        if self.close_id not in body:
+        cut = _index(body, self.close_id)
+        if cut is None:
             return ReasoningSplit(_parts(("reasoning", body), ("end", end)), False)
-        cut = body.index(self.close_id)
-        parts = _parts(
-            ("reasoning", body[:cut]),
-            ("think_close", body[cut : cut + 1]),
-            ("content", body[cut + 1 :]),
-            ("end", end),
+        answer, flags = _answer_parts(
+            body[cut + 1 :], self.tool_call_open_id, self.tool_call_close_id
         )
-        return ReasoningSplit(parts, True)
+        parts = [
+            *_parts(("reasoning", body[:cut]), ("think_close", body[cut : cut + 1])),
+            *answer,
+            *_parts(("end", end)),
+        ]
+        return ReasoningSplit(parts, True, flags)
 
 
 @dataclass(frozen=True)
@@ -83,44 +153,189 @@ class ThinkInOutput(ReasoningFormat):
 
     open_id: int
     close_id: int
+    tool_call_open_id: int | None = None
+    tool_call_close_id: int | None = None
     name: ClassVar[str] = "think_in_output"
+    part_kinds: ClassVar[tuple[str, ...]] = (
+        "think_open",
+        "reasoning",
+        "think_close",
+        "content",
+        "tool_call",
+        "end",
+    )
 
     def split(self, output_ids: list[int], end_ids: set[int]) -> ReasoningSplit:
         body, end = _split_end(output_ids, end_ids)
+        tools = (self.tool_call_open_id, self.tool_call_close_id)
         if self.open_id not in body[:4]:
-            return ReasoningSplit(_parts(("content", body), ("end", end)), True, ["no_think"])
+            answer, flags = _answer_parts(body, *tools)
+            return ReasoningSplit([*answer, *_parts(("end", end))], True, ["no_think", *flags])
         start = body.index(self.open_id)
         lead, rest = body[: start + 1], body[start + 1 :]
-        if self.close_id not in rest:
+        cut = _index(rest, self.close_id)
+        if cut is None:
             return ReasoningSplit(
                 _parts(("think_open", lead), ("reasoning", rest), ("end", end)), False
             )
-        cut = rest.index(self.close_id)
-        parts = _parts(
-            ("think_open", lead),
-            ("reasoning", rest[:cut]),
-            ("think_close", rest[cut : cut + 1]),
-            ("content", rest[cut + 1 :]),
-            ("end", end),
-        )
-        return ReasoningSplit(parts, True)
+        answer, flags = _answer_parts(rest[cut + 1 :], *tools)
+        parts = [
+            *_parts(
+                ("think_open", lead),
+                ("reasoning", rest[:cut]),
+                ("think_close", rest[cut : cut + 1]),
+            ),
+            *answer,
+            *_parts(("end", end)),
+        ]
+        return ReasoningSplit(parts, True, flags)
 
 
 @dataclass(frozen=True)
 class NoReasoning(ReasoningFormat):
-    """Models without a thinking phase: the whole output is the answer."""
+    """Models without a thinking phase: the whole output is the answer (and its tool calls)."""
 
+    tool_call_open_id: int | None = None
+    tool_call_close_id: int | None = None
     name: ClassVar[str] = "none"
     reasons: ClassVar[bool] = False
+    part_kinds: ClassVar[tuple[str, ...]] = ("content", "tool_call", "end")
 
     def split(self, output_ids: list[int], end_ids: set[int]) -> ReasoningSplit:
         body, end = _split_end(output_ids, end_ids)
-        return ReasoningSplit(_parts(("content", body), ("end", end)), True)
+        answer, flags = _answer_parts(body, self.tool_call_open_id, self.tool_call_close_id)
+        return ReasoningSplit([*answer, *_parts(("end", end))], True, flags)
+
+
+@dataclass(frozen=True)
+class Harmony(ReasoningFormat):
+    """gpt-oss (OpenAI harmony): the prompt ends with `<|start|>assistant`; the model writes
+    messages `<|channel|>analysis<|message|>...<|end|>`, each later one opened by
+    `<|start|>assistant`, and stops with `<|return|>` (answer) or `<|call|>` (tool call).
+
+    Parts: each message's `header` (from its first token through `<|message|>`), its body, and
+    its `message_end` (`<|end|>`, or `<|return|>`/`<|call|>` when they are not end ids); a body
+    that runs into `<|start|>`, `<|channel|>` or `<|message|>` ends there, unended, flagged. A body
+    on the `analysis` channel is `reasoning` (built-in tool calls there too, as vLLM reports
+    them); one addressed to a recipient (`to=functions.get_weather`, in the header) is a
+    `tool_call`; `final` and `commentary` without a recipient (a preamble) are `content`.
+    `decode` turns header ids into text to read the channel and recipient."""
+
+    start_id: int
+    channel_id: int
+    message_id: int
+    end_id: int
+    return_id: int
+    call_id: int
+    decode: Callable[[list[int]], str] = field(compare=False, repr=False)
+    name: ClassVar[str] = "harmony"
+    part_kinds: ClassVar[tuple[str, ...]] = (
+        "header",
+        "reasoning",
+        "content",
+        "tool_call",
+        "message_end",
+        "end",
+    )
+    part_separator: ClassVar[str] = "\n"  # messages of one channel, joined as vLLM joins them
+
+    def _read_header(self, header: list[int]) -> tuple[str | None, str | None]:
+        """(channel, recipient) of a header, None where it does not say."""
+        text = self.decode(header)
+        channel = _HARMONY_CHANNEL_NAME.search(text)
+        recipient = _HARMONY_RECIPIENT.search(text)
+        return (
+            channel.group(1) if channel else None,
+            recipient.group(1) if recipient else None,
+        )
+
+    def _body_kind(self, header: list[int]) -> tuple[str, str | None, bool]:
+        """(part kind of the message body, recipient of a tool call, channel known)."""
+        channel, recipient = self._read_header(header)
+        if channel == "analysis":
+            return "reasoning", None, True
+        if recipient is not None:
+            return "tool_call", recipient, True
+        return "content", None, channel in ("final", "commentary")
+
+    def split(self, output_ids: list[int], end_ids: set[int]) -> ReasoningSplit:
+        body, end = _split_end(output_ids, end_ids)
+        stops = {self.end_id, self.return_id, self.call_id}
+        header_stops = stops | {self.message_id}
+        # A message the model did not end: the next header starts where it opens.
+        body_stops = stops | {self.start_id, self.channel_id, self.message_id}
+        parts: list[Part] = []
+        flags: list[str] = []
+        reasoning_closed = True
+        position = 0
+        while position < len(body):
+            header_end = position
+            while header_end < len(body) and body[header_end] not in header_stops:
+                header_end += 1
+            if header_end == len(body):  # the output stops inside a header
+                channel, _ = self._read_header(body[position:])
+                parts.append(Part("header", body[position:]))
+                reasoning_closed = channel != "analysis"
+                break
+            if body[header_end] != self.message_id:  # a header without <|message|>
+                flags.append("harmony_header_without_message")
+                parts += _parts(
+                    ("header", body[position:header_end]),
+                    ("message_end", body[header_end : header_end + 1]),
+                )
+                position = header_end + 1
+                continue
+            header = body[position : header_end + 1]
+            kind, recipient, known_channel = self._body_kind(header)
+            if not known_channel:
+                flags.append("harmony_unknown_channel")
+            stop = header_end + 1
+            while stop < len(body) and body[stop] not in body_stops:
+                stop += 1
+            parts.append(Part("header", header))
+            if stop > header_end + 1:
+                parts.append(Part(kind, body[header_end + 1 : stop], recipient))
+            if stop == len(body):  # ends unterminated, or terminated by the end token
+                reasoning_closed = kind != "reasoning" or bool(end)
+                break
+            if body[stop] not in stops:
+                flags.append("harmony_message_not_ended")
+                position = stop
+                continue
+            parts.append(Part("message_end", body[stop : stop + 1]))
+            position = stop + 1
+        return ReasoningSplit([*parts, *_parts(("end", end))], reasoning_closed, sorted(set(flags)))
+
+
+FORMATS: tuple[type[ReasoningFormat], ...] = (
+    ThinkOpenInPrompt,
+    ThinkInOutput,
+    NoReasoning,
+    Harmony,
+)
 
 
 def _single_token_id(tokenizer, text: str) -> int | None:
     ids = tokenizer.encode(text, add_special_tokens=False)
     return ids[0] if len(ids) == 1 else None
+
+
+def _harmony_format(tokenizer) -> Harmony | None:
+    """The harmony format when all its markers are single tokens of the tokenizer."""
+    markers = (HARMONY_START, HARMONY_CHANNEL, HARMONY_MESSAGE, HARMONY_END)
+    stops = (HARMONY_RETURN, HARMONY_CALL)
+    ids = {text: _single_token_id(tokenizer, text) for text in markers + stops}
+    if any(i is None for i in ids.values()):
+        return None
+    return Harmony(
+        start_id=ids[HARMONY_START],
+        channel_id=ids[HARMONY_CHANNEL],
+        message_id=ids[HARMONY_MESSAGE],
+        end_id=ids[HARMONY_END],
+        return_id=ids[HARMONY_RETURN],
+        call_id=ids[HARMONY_CALL],
+        decode=lambda header: tokenizer.decode(header, skip_special_tokens=False),
+    )
 
 
 def detect_format(
@@ -129,28 +344,46 @@ def detect_format(
     """The format named in the config, or the one the tokenizer and chat template imply."""
     open_id = _single_token_id(tokenizer, THINK_OPEN)
     close_id = _single_token_id(tokenizer, THINK_CLOSE)
+    tools = (
+        _single_token_id(tokenizer, TOOL_CALL_OPEN),
+        _single_token_id(tokenizer, TOOL_CALL_CLOSE),
+    )
     has_tags = open_id is not None and close_id is not None
     if requested == "none":
-        return NoReasoning()
+        return NoReasoning(*tools)
+    if requested == "harmony":
+        harmony = _harmony_format(tokenizer)
+        if harmony is None:
+            raise ValueError(
+                "reasoning.format=harmony needs <|start|>, <|channel|>, <|message|>, <|end|>, "
+                "<|return|> and <|call|> to be single tokens of the target's tokenizer; "
+                "they are not"
+            )
+        return harmony
     if requested in ("think_open_in_prompt", "think_in_output") and not has_tags:
         raise ValueError(
             f"reasoning.format={requested} needs {THINK_OPEN} and {THINK_CLOSE} to be single "
             "tokens of the target's tokenizer; they are not"
         )
     if requested == "think_open_in_prompt":
-        return ThinkOpenInPrompt(open_id, close_id)
+        return ThinkOpenInPrompt(open_id, close_id, *tools)
     if requested == "think_in_output":
-        return ThinkInOutput(open_id, close_id)
-    if not has_tags:
-        return NoReasoning()
+        return ThinkInOutput(open_id, close_id, *tools)
+    harmony = _harmony_format(tokenizer)
+    if not has_tags and harmony is None:
+        return NoReasoning(*tools)
     probe = tokenizer.apply_chat_template(
         [{"role": "user", "content": "hi"}],
         add_generation_prompt=True,
         tokenize=False,
         **(chat_template_kwargs or {}),
-    )
-    if probe.rstrip().endswith(THINK_OPEN):
-        return ThinkOpenInPrompt(open_id, close_id)
-    if probe.rstrip().endswith(THINK_CLOSE):  # thinking switched off: an empty block injected
-        return NoReasoning()
-    return ThinkInOutput(open_id, close_id)
+    ).rstrip()
+    if harmony is not None and probe.endswith(HARMONY_ASSISTANT_PROMPT_END):
+        return harmony
+    if not has_tags:
+        return NoReasoning(*tools)
+    if probe.endswith(THINK_OPEN):
+        return ThinkOpenInPrompt(open_id, close_id, *tools)
+    if probe.endswith(THINK_CLOSE):  # thinking switched off: an empty block injected
+        return NoReasoning(*tools)
+    return ThinkInOutput(open_id, close_id, *tools)
