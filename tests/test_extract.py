@@ -1,0 +1,207 @@
+"""Extraction: examples from token ids whatever the server's text said, the server cross-check
+and its report, the loss mask against shifted next-token targets, the loss-mask viewer.
+
+Runs on Qwen3's real tokenizer (see tests/test_reasoning_golden.py for where it comes from).
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from eaglet.extract import (
+    _SPAN_STYLE,
+    SERVER_TEXT_SHOWN,
+    build_example,
+    server_disagreement_line,
+    server_texts,
+    write_examples,
+)
+from eaglet.reasoning import FORMATS, detect_format
+from eaglet.records import Example, Generation, Prompt, read_jsonl, write_jsonl
+from eaglet.train import shift_left
+from tests.test_reasoning_golden import qwen3_tokenizer
+
+QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
+# A Qwen3-thinking turn: the prompt ends with `<think>\n`, the model writes the rest.
+OUTPUT = "Two plus two is four.\n</think>\n\nThe answer is 4.<|im_end|>"
+REASONING, CONTENT = "Two plus two is four.", "The answer is 4."
+
+# The same generation as three servers return its text (the seeds' bug: (a) put the thinking
+# into `content`, and a pipeline reading text fields trained on it as the answer).
+NO_PARSER = {"content": "Two plus two is four.\n</think>\n\nThe answer is 4."}
+REASONING_FIELD = {"reasoning": "Two plus two is four.\n", "content": "\n\nThe answer is 4."}
+REASONING_CONTENT_FIELD = {
+    "reasoning": None,
+    "reasoning_content": "Two plus two is four.\n",
+    "content": "\n\nThe answer is 4.",
+}
+OTHER_REASONING = {"reasoning": "Two plus two is five.", "content": "The answer is 4."}
+NO_THINKING_SHOWN = {"content": "The answer is 4."}
+
+
+def _setup():
+    tokenizer = qwen3_tokenizer()
+    reasoning_format = detect_format(tokenizer, "think_open_in_prompt")
+    prompt_text = tokenizer.apply_chat_template(
+        QUESTION, add_generation_prompt=True, tokenize=False
+    )
+    prompt_text += "<think>\n"
+    prompt = Prompt(
+        sample_id="s",
+        source="chat",
+        prompt_ids=tokenizer.encode(prompt_text, add_special_tokens=False),
+        prompt_text=prompt_text,
+        messages=QUESTION,
+    )
+    end_ids = {tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    return tokenizer, reasoning_format, prompt, end_ids
+
+
+def _generation(prompt: Prompt, tokenizer, raw: dict, sample_id: str = "s", source: str = "chat"):
+    return Generation(
+        sample_id=sample_id,
+        source=source,
+        prompt_ids=prompt.prompt_ids,
+        output_ids=tokenizer.encode(OUTPUT, add_special_tokens=False),
+        finish_reason="stop",
+        engine="openai" if raw else "local",
+        raw=raw,
+    )
+
+
+def _trained_view(example: Example) -> tuple:
+    return (
+        example.input_ids,
+        example.loss_mask,
+        example.reasoning,
+        example.content,
+        example.tool_calls,
+    )
+
+
+def test_the_seeds_bug_replayed_gives_the_same_example_whatever_the_server_parsed():
+    tokenizer, reasoning_format, prompt, end_ids = _setup()
+    examples = {
+        name: build_example(
+            _generation(prompt, tokenizer, raw), tokenizer, reasoning_format, end_ids
+        )
+        for name, raw in [
+            ("no reasoning parser", NO_PARSER),
+            ("reasoning", REASONING_FIELD),
+            ("reasoning_content", REASONING_CONTENT_FIELD),
+        ]
+    }
+    views = {name: _trained_view(example) for name, example in examples.items()}
+    assert len(set(map(repr, views.values()))) == 1, views
+    example = examples["reasoning"]
+    assert (example.reasoning, example.content) == (REASONING, CONTENT)
+    for name, example in examples.items():
+        assert "server_reasoning_disagrees" not in example.flags, name
+        assert ("server_thinking_in_content" in example.flags) == (name == "no reasoning parser")
+
+
+def test_a_server_text_that_really_differs_is_flagged():
+    tokenizer, reasoning_format, prompt, end_ids = _setup()
+    for raw in (OTHER_REASONING, NO_THINKING_SHOWN):
+        generation = _generation(prompt, tokenizer, raw)
+        example = build_example(generation, tokenizer, reasoning_format, end_ids)
+        assert "server_reasoning_disagrees" in example.flags, raw
+        assert (example.reasoning, example.content) == (REASONING, CONTENT)
+
+
+def test_extract_writes_both_texts_of_each_disagreement_and_counts_servers_per_source(tmp_path):
+    tokenizer, reasoning_format, prompt, end_ids = _setup()
+    records = [
+        ("a", "chat", NO_PARSER),
+        ("b", "chat", REASONING_FIELD),
+        ("c", "chat", REASONING_CONTENT_FIELD),
+        ("d", "chat", OTHER_REASONING),
+        ("e", "local", {}),  # the local engine keeps no server text: nothing to check
+    ]
+    write_jsonl(
+        tmp_path / "generations.jsonl",
+        [
+            _generation(prompt, tokenizer, raw, sample_id, source)
+            for sample_id, source, raw in records
+        ],
+    )
+    write_jsonl(
+        tmp_path / "prompts.jsonl",
+        [prompt.model_copy(update={"sample_id": s, "source": src}) for s, src, _ in records],
+    )
+    report = write_examples(
+        tmp_path / "generations.jsonl",
+        tmp_path / "prompts.jsonl",
+        tmp_path,
+        tokenizer,
+        reasoning_format,
+        end_ids,
+        {},
+    )
+    lines = (tmp_path / "server_disagreements.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {
+            "sample_id": "d",
+            "source": "chat",
+            "split_reasoning": REASONING,
+            "split_content": CONTENT,
+            "server_reasoning_field": "reasoning",
+            "server_reasoning": "Two plus two is five.",
+            "server_content": "The answer is 4.",
+            "server_thinking_in_content": False,
+        }
+    ]
+    chat, local = report["per_source"]["chat"], report["per_source"]["local"]
+    assert chat["server_reasoning_disagreements"] == 1
+    assert chat["server_texts_checked"] == 4
+    assert chat["server_reasoning_in_field"] == 3
+    assert chat["server_thinking_in_content"] == 1
+    assert (local["server_texts_checked"], local["server_reasoning_disagreements"]) == (0, 0)
+    assert json.loads((tmp_path / "quality.json").read_text()) == report
+    examples = list(read_jsonl(tmp_path / "examples.jsonl", Example))
+    assert {e.reasoning for e in examples} == {REASONING}
+
+
+def test_disagreement_lines_clip_long_texts_keeping_head_and_tail():
+    example = Example(
+        sample_id="s",
+        source="chat",
+        reasoning="a" * 5000 + "z",
+        content="short",
+        input_ids=[1],
+        loss_mask=[1],
+        finish_reason="stop",
+    )
+    server = server_texts({"reasoning": "b" * 9000}, example.reasoning)
+    line = server_disagreement_line(example, server)
+    assert line["split_content"] == "short"
+    for key, head, tail in (("split_reasoning", "a", "z"), ("server_reasoning", "b", "b")):
+        assert len(line[key]) < SERVER_TEXT_SHOWN + 40
+        assert line[key].startswith(head * 100) and line[key].endswith(tail)
+        assert "chars cut" in line[key]
+
+
+def test_first_output_token_is_a_target_and_no_prompt_token_is():
+    """SpecForge #885: with targets shifted one to the left (position t predicts token t+1),
+    the last prompt position predicts the first output token and counts; no position whose
+    target is a prompt token counts. The draft's step 0 (the trainer's shift of 2) counts the
+    first output token too."""
+    tokenizer, reasoning_format, prompt, end_ids = _setup()
+    generation = _generation(prompt, tokenizer, {})
+    example = build_example(generation, tokenizer, reasoning_format, end_ids)
+    mask = torch.tensor([example.loss_mask])
+    ids = example.input_ids
+    prompt_length = len(prompt.prompt_ids)
+    for shift in (1, 2):  # the target model's next token; the draft's first TTT step
+        counted = shift_left(mask, shift)[0].nonzero().flatten().tolist()
+        assert counted[0] == prompt_length - shift
+        assert [ids[t + shift] for t in counted] == generation.output_ids
+        assert all(t + shift >= prompt_length for t in counted)
+
+
+def test_every_part_kind_of_every_format_has_a_loss_mask_viewer_style():
+    for reasoning_format in FORMATS:
+        missing = set(reasoning_format.part_kinds) - set(_SPAN_STYLE)
+        assert not missing, f"{reasoning_format.name}: no _SPAN_STYLE for {missing}"

