@@ -1,4 +1,5 @@
-"""The eaglet pipeline: seven stage tasks wired in order. Nothing here does the work."""
+"""The eaglet pipeline: seven stage tasks wired in order, and the run report at the end.
+Nothing here does the work."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import time
 from pathlib import Path
 
 from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
 
 from eaglet.config import STAGES, PipelineConfig, Stage, load_config
-from eaglet.storage import write_json_atomic
-from tasks.caching import result_storage_path
+from eaglet.run_report import start_run_record, write_run_record, write_run_report
+from tasks.caching import result_storage_path, stage_failure
 from tasks.download import download
 from tasks.evaluate import evaluate
 from tasks.extract import extract
@@ -29,7 +32,25 @@ TASKS = {
 }
 
 
-@flow(name="eaglet-pipeline", log_prints=True)
+def run_name() -> str:
+    """`pipeline[<config name>]`, plus `until` and `refresh from` when they are set."""
+    parameters = flow_run.parameters
+    try:
+        if parameters.get("config_path"):
+            name = load_config(parameters["config_path"]).name
+        else:
+            name = PipelineConfig.model_validate(parameters.get("config") or {}).name
+    except ValueError:  # the flow itself reports the bad config
+        name = "?"
+    label = f"pipeline[{name}]"
+    if parameters.get("until", "evaluate") != "evaluate":
+        label += f" until {parameters['until']}"
+    if parameters.get("refresh_from"):
+        label += f" refresh from {parameters['refresh_from']}"
+    return label
+
+
+@flow(name="eaglet-pipeline", flow_run_name=run_name, log_prints=True)
 def pipeline(
     config: PipelineConfig = PipelineConfig(),  # noqa: B008 - the UI form shows these defaults
     config_path: str | None = None,
@@ -41,11 +62,14 @@ def pipeline(
     `config` is the whole configuration; `config_path` (a YAML file on the worker) replaces
     it when given. Stages run up to `until`; `refresh_from` re-runs that stage (and so every
     stage after it) even when its inputs and code are unchanged, e.g. after a server flag or a
-    dataset revision changed."""
+    dataset revision changed. The run report (artifact `run-report`, and
+    `WORK_DIR/run_report.md`) is written at the end, also when a stage fails."""
     if config_path:
         config = load_config(config_path)
+    work_dir = Path(config.work_dir)
     storage = result_storage_path(config)
-    summary: dict[str, dict] = {}
+    record = start_run_record(config, config_path, until, refresh_from)
+    summary: dict[str, dict] = record["stages"]
     results: dict[str, dict] = {}
 
     def run(stage: str, **inputs: dict) -> dict | None:
@@ -56,6 +80,9 @@ def pipeline(
             result_storage=storage, refresh_cache=True if stage == refresh_from else None
         )
         state = task(config, **inputs, refresh=stage == refresh_from, return_state=True)
+        if not state.is_completed():
+            summary[stage] = stage_failure(stage, config, inputs, state, time.time() - started)
+            write_run_record(work_dir, record)
         manifest = state.result()  # raises the task's error: the flow fails with it
         summary[stage] = {
             "state": state.name,
@@ -64,16 +91,23 @@ def pipeline(
             "records": manifest["counts"].get("records", 0),
             "seconds": round(time.time() - started, 2),
         }
-        write_json_atomic(Path(config.work_dir) / "run.json", {"stages": summary})
+        write_run_record(work_dir, record)
         results[stage] = manifest
         return manifest
 
-    samples = run("download")
-    prompts = run("tokenize", samples=samples) if samples else None
-    generations = run("generate", prompts=prompts) if prompts else None
-    examples = run("extract", generations=generations, prompts=prompts) if generations else None
-    features = run("hidden_states", examples=examples) if examples else None
-    draft = run("train", features=features) if features else None
-    if draft:
-        run("evaluate", draft=draft, prompts=prompts)
+    try:
+        samples = run("download")
+        prompts = run("tokenize", samples=samples) if samples else None
+        generations = run("generate", prompts=prompts) if prompts else None
+        examples = run("extract", generations=generations, prompts=prompts) if generations else None
+        features = run("hidden_states", examples=examples) if examples else None
+        draft = run("train", features=features) if features else None
+        if draft:
+            run("evaluate", draft=draft, prompts=prompts)
+    finally:
+        create_markdown_artifact(
+            write_run_report(work_dir),
+            key="run-report",
+            description=f"eaglet run {config.name}: per stage, Cached or ran, and key figures",
+        )
     return {"stages": summary, "evaluation": results.get("evaluate", {}).get("info", {})}

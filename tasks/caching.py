@@ -1,4 +1,5 @@
-"""The one cache policy of every stage task, and the call that runs a stage into its folder.
+"""The one cache policy of every stage task, the call that runs a stage into its folder, and
+the on_failure hook that says what a failed stage left behind and how to resume.
 
 Prefect's cache key for a stage task is the stage key of `eaglet.cache` (config subset +
 upstream manifest hashes + code hash of the stage's modules), so Prefect reports a stage as
@@ -8,16 +9,30 @@ Prefect record sits inside the work dir: deleting a work dir clears its cache to
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prefect import Task, get_run_logger
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import CachePolicy
+from prefect.client.schemas.objects import TaskRun
+from prefect.context import TaskRunContext
+from prefect.states import State
 
 from eaglet.cache import code_hash, stage_config, stage_key
 from eaglet.config import PipelineConfig
-from eaglet.storage import Manifest, StageOutput, read_manifest, run_stage, stage_folder
+from eaglet.run_report import failure_entry, failure_note, read_run_record
+from eaglet.storage import (
+    PARTIAL_SUFFIX,
+    Manifest,
+    StageOutput,
+    read_manifest,
+    run_stage,
+    stage_folder,
+)
 
 UPSTREAM: dict[str, tuple[str, ...]] = {
     "download": (),
@@ -77,4 +92,45 @@ def run_stage_task(
         body=body,
         resume_partial=resume_partial,
         refresh=refresh,
+    )
+
+
+def partial_folder(stage: str, config: PipelineConfig, inputs: dict[str, Any]) -> tuple[str, Path]:
+    """The key of a stage and the `.partial` folder its task writes into."""
+    key = stage_key(stage, config, upstream_manifests(stage, inputs))
+    final = stage_folder(Path(config.work_dir), stage, key)
+    return key, final.with_name(key + PARTIAL_SUFFIX)
+
+
+def failure_message(state: State) -> str:
+    """`ErrorType: message` of a failed task run state (its exception when it has one)."""
+    error = state.result(raise_on_failure=False)
+    if isinstance(error, BaseException):
+        return f"{type(error).__name__}: {error}"
+    return state.message or state.name
+
+
+def stage_failure(
+    stage: str, config: PipelineConfig, inputs: dict[str, Any], state: State, seconds: float
+) -> dict[str, Any]:
+    """The `run.json` entry of a failed stage: its error and what its partial folder holds."""
+    key, partial = partial_folder(stage, config, inputs)
+    return failure_entry(key, partial, failure_message(state), seconds)
+
+
+def report_stage_failure(task: Task, task_run: TaskRun, state: State) -> None:
+    """on_failure hook of every stage task: log and publish (artifact `<stage>-failure`) what
+    failed, what the partial folder holds and the command that resumes. The partial folder is
+    left as it is: a rerun resumes (generate, train) or rebuilds it."""
+    stage = task.name
+    parameters = TaskRunContext.get().parameters
+    config = PipelineConfig.model_validate(parameters["config"])
+    started = task_run.start_time.timestamp() if task_run.start_time else time.time()
+    entry = stage_failure(stage, config, parameters, state, time.time() - started)
+    note = failure_note(stage, entry, read_run_record(Path(config.work_dir)))
+    get_run_logger().error(note)
+    create_markdown_artifact(
+        note,
+        key=f"{stage.replace('_', '-')}-failure",
+        description=f"{stage} failed: partial outputs and how to resume",
     )

@@ -10,13 +10,14 @@ from eaglet.config import PipelineConfig
 from eaglet.datasets import read_samples
 from eaglet.records import record_line
 from eaglet.storage import StageOutput
-from tasks.caching import StageCache, run_stage_task
+from tasks.caching import StageCache, report_stage_failure, run_stage_task
 
 
 @task(
     name="download",
     task_run_name="download[{config.name}]",
     cache_policy=StageCache(stage="download"),
+    on_failure=[report_stage_failure],  # says what the partial folder holds, how to resume
     persist_result=True,
     result_serializer="json",
     retries=2,  # hub downloads fail transiently

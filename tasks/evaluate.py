@@ -14,13 +14,14 @@ from eaglet.prompts import end_token_ids, load_tokenizer
 from eaglet.records import Prompt, read_jsonl
 from eaglet.split import is_heldout
 from eaglet.storage import StageOutput, write_json_atomic
-from tasks.caching import StageCache, run_stage_task
+from tasks.caching import StageCache, report_stage_failure, run_stage_task
 
 
 @task(
     name="evaluate",
     task_run_name="evaluate[{config.name}]",
     cache_policy=StageCache(stage="evaluate"),
+    on_failure=[report_stage_failure],  # says what the partial folder holds, how to resume
     persist_result=True,
     result_serializer="json",
 )

@@ -16,7 +16,7 @@ from eaglet.extract import check_quality_gate, write_examples
 from eaglet.prompts import end_token_ids, load_tokenizer
 from eaglet.reasoning import detect_format
 from eaglet.storage import StageOutput
-from tasks.caching import StageCache, run_stage_task
+from tasks.caching import StageCache, report_stage_failure, run_stage_task
 
 
 def _percent(value: float | None) -> str:
@@ -44,6 +44,7 @@ def _quality_markdown(report: dict) -> str:
     name="extract",
     task_run_name="extract[{config.name}]",
     cache_policy=StageCache(stage="extract"),
+    on_failure=[report_stage_failure],  # says what the partial folder holds, how to resume
     persist_result=True,
     result_serializer="json",
 )

@@ -29,7 +29,7 @@ from eaglet.generation import (
 from eaglet.prompts import load_tokenizer
 from eaglet.records import Prompt, read_jsonl
 from eaglet.storage import StageOutput
-from tasks.caching import StageCache, run_stage_task
+from tasks.caching import StageCache, report_stage_failure, run_stage_task
 
 
 def _failed_samples_artifact(failed_path: Path) -> None:
@@ -47,6 +47,7 @@ def _failed_samples_artifact(failed_path: Path) -> None:
     name="generate",
     task_run_name="generate[{config.name}]",
     cache_policy=StageCache(stage="generate"),
+    on_failure=[report_stage_failure],  # says what the partial folder holds, how to resume
     persist_result=True,
     result_serializer="json",
     retries=3,  # a retry resumes from the records already on disk

@@ -10,13 +10,14 @@ from eaglet.config import PipelineConfig
 from eaglet.hidden_states import extract_hidden_states
 from eaglet.records import Example, read_jsonl
 from eaglet.storage import StageOutput
-from tasks.caching import StageCache, run_stage_task
+from tasks.caching import StageCache, report_stage_failure, run_stage_task
 
 
 @task(
     name="hidden_states",
     task_run_name="hidden_states[{config.name}]",
     cache_policy=StageCache(stage="hidden_states"),
+    on_failure=[report_stage_failure],  # says what the partial folder holds, how to resume
     persist_result=True,
     result_serializer="json",
     retries=1,  # a killed worker: the partial folder is rebuilt from scratch

@@ -11,13 +11,14 @@ from eaglet.config import PipelineConfig
 from eaglet.prompts import PromptError, load_tokenizer, render_prompt
 from eaglet.records import Sample, read_jsonl, record_line
 from eaglet.storage import StageOutput
-from tasks.caching import StageCache, run_stage_task
+from tasks.caching import StageCache, report_stage_failure, run_stage_task
 
 
 @task(
     name="tokenize",
     task_run_name="tokenize[{config.name}]",
     cache_policy=StageCache(stage="tokenize"),
+    on_failure=[report_stage_failure],  # says what the partial folder holds, how to resume
     persist_result=True,
     result_serializer="json",
 )

@@ -21,7 +21,7 @@ from eaglet.config import PipelineConfig
 from eaglet.split import is_heldout
 from eaglet.storage import StageOutput
 from eaglet.train import TrainSettings, train_draft
-from tasks.caching import StageCache, run_stage_task
+from tasks.caching import StageCache, report_stage_failure, run_stage_task
 
 
 def _heldout_ids(features_dir: Path, fraction: float) -> set[str]:
@@ -34,6 +34,7 @@ def _heldout_ids(features_dir: Path, fraction: float) -> set[str]:
     name="train",
     task_run_name="train[{config.name}]",
     cache_policy=StageCache(stage="train"),
+    on_failure=[report_stage_failure],  # says what the partial folder holds, how to resume
     persist_result=True,
     result_serializer="json",
     retries=1,

@@ -1,14 +1,22 @@
 """Operating eaglet through a real Prefect server: a served deployment, runs triggered through
-the API with custom parameters, task states read back (Completed, then Cached), and a failing
-run whose failed task and message are visible through the API."""
+the API with custom parameters, task states read back (Completed, then Cached), a fix to the
+extraction code that re-runs extraction and what follows but not generation, the run report
+artifact, and a failing run whose failed task, message and resume note are visible through
+the API.
+
+The deployments are served from a temporary copy of the project, so a test can change the
+code the served runs hash and import without touching this checkout."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -20,10 +28,10 @@ from tests.vllm_server import free_port
 pytestmark = pytest.mark.slow
 
 
-def _start(command: list[str], env: dict, log: Path) -> subprocess.Popen:
+def _start(command: list[str], env: dict, log: Path, cwd: Path = ROOT) -> subprocess.Popen:
     return subprocess.Popen(
         command,
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         stdout=open(log, "w"),
         stderr=subprocess.STDOUT,
@@ -52,10 +60,28 @@ def _wait_for(predicate, timeout: float, what: str):
     raise TimeoutError(f"timed out waiting for {what}")
 
 
+def _copy_project(destination: Path) -> Path:
+    for part in ("eaglet", "tasks", "flows", "deployments"):
+        shutil.copytree(
+            ROOT / part, destination / part, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    return destination
+
+
+@dataclass
+class Served:
+    client: httpx.Client
+    deployments: dict[str, str]  # name -> id
+    api: str
+    project: Path  # the copy of the project the deployments run from (their working dir)
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """A Prefect server on a free port and `eaglet serve` registered against it."""
+    """A Prefect server on a free port and `eaglet serve` registered against it, run from a
+    temporary copy of the project (first on PYTHONPATH, and the working directory)."""
     home = tmp_path_factory.mktemp("prefect-home")
+    project = _copy_project(tmp_path_factory.mktemp("project"))
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {
@@ -83,19 +109,26 @@ def served(tmp_path_factory):
                 return False
 
         _wait_for(healthy, 90, "the Prefect server")
-        runner = _start([sys.executable, "-m", "eaglet.cli", "serve"], env, home / "serve.log")
+        runner = _start(
+            [sys.executable, "-m", "eaglet.cli", "serve"],
+            {**env, "PYTHONPATH": str(project)},
+            home / "serve.log",
+            cwd=project,
+        )
         client = httpx.Client(base_url=api, timeout=30)
 
-        def deployment_id():
-            response = client.post("/deployments/filter", json={})
-            found = {d["name"]: d["id"] for d in response.json()}
-            return found.get("pipeline")
+        def deployments():
+            found = {d["name"]: d["id"] for d in client.post("/deployments/filter", json={}).json()}
+            return found if {"pipeline", "generate-only"} <= found.keys() else None
 
-        yield client, _wait_for(deployment_id, 60, "the served deployment"), api
+        yield Served(client, _wait_for(deployments, 60, "the served deployments"), api, project)
     finally:
         if runner is not None:
             _stop(runner)
         _stop(server)
+
+
+STAGES = ("download", "tokenize", "generate", "extract", "hidden_states", "train", "evaluate")
 
 
 def _run(client: httpx.Client, deployment_id: str, parameters: dict) -> tuple[dict, dict]:
@@ -104,17 +137,36 @@ def _run(client: httpx.Client, deployment_id: str, parameters: dict) -> tuple[di
         f"/deployments/{deployment_id}/create_flow_run", json={"parameters": parameters}
     )
     response.raise_for_status()
-    run_id = response.json()["id"]
+    return _finished(client, response.json()["id"])
+
+
+def _finished(client: httpx.Client, run_id: str) -> tuple[dict, dict]:
+    """Wait for a flow run to end; return it and {task name: task run}."""
 
     def finished():
         run = client.get(f"/flow_runs/{run_id}").json()
         return run if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED") else None
 
-    run = _wait_for(finished, 600, f"flow run {run_id}")
+    run = _wait_for(finished, 900, f"flow run {run_id}")
     task_runs = client.post(
         "/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}}
     ).json()
     return run, {t["name"]: t for t in task_runs}
+
+
+def _artifact(client: httpx.Client, run_id: str, key: str, field: str = "data") -> str:
+    """The markdown (or another field) of the artifact `key` that a flow run or one of its
+    tasks created."""
+    found = client.post(
+        "/artifacts/filter",
+        json={"artifacts": {"key": {"any_": [key]}, "flow_run_id": {"any_": [run_id]}}},
+    ).json()
+    assert len(found) == 1, f"{len(found)} artifacts {key!r} in flow run {run_id}"
+    return found[0][field]
+
+
+def _states(tasks: dict, name: str, stages=STAGES) -> dict[str, str]:
+    return {stage: tasks[f"{stage}[{name}]"]["state"]["name"] for stage in stages}
 
 
 def _config(tmp_path: Path, fixture_model_dir: Path, sample_data_dir: Path, *extra: str) -> dict:
@@ -127,37 +179,93 @@ def _config(tmp_path: Path, fixture_model_dir: Path, sample_data_dir: Path, *ext
 def test_api_runs_complete_then_come_back_cached(
     served, tmp_path, fixture_model_dir, sample_data_dir
 ):
-    client, deployment_id, _ = served
     parameters = {
         "config": _config(tmp_path, fixture_model_dir, sample_data_dir),
         "until": "extract",
     }
-    run, tasks = _run(client, deployment_id, parameters)
+    run, tasks = _run(served.client, served.deployments["pipeline"], parameters)
     assert run["state"]["type"] == "COMPLETED", run["state"]
     assert run["parameters"]["until"] == "extract"
-    names = ["download[api]", "tokenize[api]", "generate[api]", "extract[api]"]
-    assert {name: tasks[name]["state"]["name"] for name in names} == dict.fromkeys(
-        names, "Completed"
-    )
+    assert run["name"] == "pipeline[api] until extract"
+    stages = STAGES[:4]
+    assert _states(tasks, "api", stages) == dict.fromkeys(stages, "Completed")
     assert "hidden_states[api]" not in tasks
 
-    run, tasks = _run(client, deployment_id, parameters)
+    run, tasks = _run(served.client, served.deployments["pipeline"], parameters)
     assert run["state"]["type"] == "COMPLETED"
-    assert {name: tasks[name]["state"]["name"] for name in names} == dict.fromkeys(names, "Cached")
+    assert _states(tasks, "api", stages) == dict.fromkeys(stages, "Cached")
+    report = _artifact(served.client, run["id"], "run-report")
+    assert report == (tmp_path / "work" / "run_report.md").read_text()
+    assert "| generate | Cached |" in report
+    assert "| hidden_states | not requested |" in report
 
 
-def test_failing_task_and_its_message_are_visible_through_the_api(
+def test_a_code_fix_to_extraction_reruns_extraction_and_later_stages_not_generation(
     served, tmp_path, fixture_model_dir, sample_data_dir
 ):
-    client, deployment_id, _ = served
+    """The rerun-after-fix story: a whole run, a change to the extraction code of the served
+    project, the same run again from the API. The generation is reused (Cached) and the
+    extraction and every stage after it run again, because the extract stage's key hashes
+    the source of eaglet/reasoning.py."""
+    config = _config(tmp_path, fixture_model_dir, sample_data_dir, "name=fix", "train.lr=0.002")
+    parameters = {"config": config}
+    run, tasks = _run(served.client, served.deployments["pipeline"], parameters)
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    assert run["name"] == "pipeline[fix]"
+    assert run["parameters"]["config"]["train"]["lr"] == 0.002
+    assert set(tasks) == {f"{stage}[fix]" for stage in STAGES}
+    assert _states(tasks, "fix") == dict.fromkeys(STAGES, "Completed")
+    report = _artifact(served.client, run["id"], "run-report")
+    assert "Run completed" in report and "τ " in report
+
+    reasoning = served.project / "eaglet" / "reasoning.py"
+    original = reasoning.read_bytes()
+    reasoning.write_bytes(original + b"\n# a fix to the reasoning split\n")
+    try:
+        run, tasks = _run(served.client, served.deployments["pipeline"], parameters)
+    finally:
+        reasoning.write_bytes(original)
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    assert _states(tasks, "fix") == {
+        "download": "Cached",
+        "tokenize": "Cached",
+        "generate": "Cached",
+        "extract": "Completed",
+        "hidden_states": "Completed",
+        "train": "Completed",
+        "evaluate": "Completed",
+    }
+    report = _artifact(served.client, run["id"], "run-report")
+    assert "| generate | Cached |" in report and "| extract | Completed |" in report
+    assert "| train | Completed |" in report and "final loss" in report
+
+
+def test_failing_task_its_message_and_how_to_resume_are_visible_through_the_api(
+    served, tmp_path, fixture_model_dir, sample_data_dir
+):
     config = _config(tmp_path, fixture_model_dir, sample_data_dir, "generation.max_tokens=8")
-    run, tasks = _run(client, deployment_id, {"config": config, "until": "extract"})
+    run, tasks = _run(
+        served.client, served.deployments["pipeline"], {"config": config, "until": "extract"}
+    )
     assert run["state"]["type"] == "FAILED"
     failed = tasks["extract[api]"]["state"]
     assert failed["type"] == "FAILED"
     assert "quality gate failed" in failed["message"]
     assert "hit max_tokens" in failed["message"]
     assert tasks["generate[api]"]["state"]["type"] == "COMPLETED"
+
+    work_dir = (tmp_path / "work").resolve()
+    (partial,) = (work_dir / "extract").glob("*.partial")
+    assert (partial / "examples.jsonl").is_file()  # the hook leaves partial outputs in place
+    resume = f"`eaglet run {work_dir / 'config.yaml'} --until extract`"
+    note = _artifact(served.client, run["id"], "extract-failure")
+    assert "quality gate failed" in note and "hit max_tokens" in note
+    assert f"Partial outputs, kept: `{partial}`" in note
+    assert resume in note and "rebuilds this partial folder" in note
+    report = _artifact(served.client, run["id"], "run-report")
+    assert "Run **failed** at `extract`" in report
+    assert "| extract | Failed | 0 |" in report and "| generate | Completed |" in report
+    assert note in report and resume in report
 
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -168,29 +276,46 @@ CHROMIUM_ARGS = [
 ]  # fmt: skip
 
 
-def _property(page, label: str):
-    """The form block of one parameter, found by its label text."""
+def _property(page, label: str, index: int = -1):
+    """The form block of one parameter, found by its label text (`index` among equal ones)."""
     name = page.locator("span.schema-form-property__label", has_text=label)
-    return page.locator("label", has=name).last.locator(
-        "xpath=ancestor::div[contains(@class,'schema-form-property')][1]"
+    return (
+        page.locator("label", has=name)
+        .nth(index)
+        .locator("xpath=ancestor::div[contains(@class,'schema-form-property')][1]")
     )
+
+
+def _demo_files(project: Path, fixture_model_dir: Path, sample_data_dir: Path) -> None:
+    """What the config form's defaults point at, relative to the served project: the fixture
+    target in runs/demo/models/fixture and a few rows of each sample source in runs/demo/data."""
+    import pandas as pd
+
+    demo = project / "runs" / "demo"
+    shutil.copytree(fixture_model_dir, demo / "models" / "fixture")
+    (demo / "data").mkdir(parents=True)
+    for name, rows in (("arith.jsonl", 8), ("tools.jsonl", 4)):
+        lines = (sample_data_dir / name).read_text().splitlines(keepends=True)
+        (demo / "data" / name).write_text("".join(lines[:rows]))
+    mixed = pd.read_parquet(sample_data_dir / "mixed.parquet").head(4)
+    mixed.to_parquet(demo / "data" / "mixed.parquet", index=False)
 
 
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed")
-def test_run_with_changed_parameters_from_the_ui_form(
+def test_run_with_changed_nested_config_fields_from_the_ui_form(
     served, tmp_path, fixture_model_dir, sample_data_dir
 ):
-    """Headless Chromium opens the Prefect UI, starts a custom run of the deployment with a
-    config file given in the `config_path` field, and sees it complete. Screenshots go to
-    tests/artifacts/."""
-    import yaml
+    """Headless Chromium opens the Prefect UI, starts a custom run of the `generate-only`
+    deployment from the `config` form with two fields changed (the run name and, nested,
+    generation.max_tokens), and sees it complete; the flow run's parameters, its name, the
+    task names and the generate stage's manifest all carry the changed values. Screenshots
+    go to tests/artifacts/."""
     from playwright.sync_api import sync_playwright
 
-    client, deployment_id, api = served
-    base = api.removesuffix("/api")
-    config_file = tmp_path / "ui-run.yaml"
-    config_file.write_text(yaml.safe_dump(_config(tmp_path, fixture_model_dir, sample_data_dir)))
+    _demo_files(served.project, fixture_model_dir, sample_data_dir)
+    client, deployment_id = served.client, served.deployments["generate-only"]
+    base = served.api.removesuffix("/api")
     artifacts = ROOT / "tests" / "artifacts"
     artifacts.mkdir(exist_ok=True)
 
@@ -212,19 +337,23 @@ def test_run_with_changed_parameters_from_the_ui_form(
             ),
         )
         page.goto(f"{base}/deployments")
-        page.get_by_role("link", name="pipeline").first.click()
+        page.get_by_role("link", name="generate-only").first.click()
         page.wait_for_load_state("networkidle")
         page.get_by_role("button", name="Run", exact=True).click()
         page.get_by_text("Custom run").first.click()
         page.get_by_role("heading", name="Parameters").wait_for()
 
-        config_path = _property(page, "config_path (Optional)")
-        config_path.get_by_role("button", name="str").click()
-        config_path.locator("textarea, input").first.fill(str(config_file))
-        page.screenshot(path=str(artifacts / "prefect-ui-custom-run.png"), full_page=True)
-        config_path.locator("textarea, input").first.press("Tab")
+        name = _property(page, "Name (Optional)", index=0).locator("textarea").first
+        assert name.input_value() == "demo"  # the form shows the defaults
+        name.fill("ui")
+        max_tokens = _property(page, "Max Tokens (Optional)").locator("input").first
+        assert max_tokens.input_value() == "256"
+        max_tokens.fill("40")
+        max_tokens.press("Tab")
+        max_tokens.scroll_into_view_if_needed()
+        page.screenshot(path=str(artifacts / "prefect-ui-custom-run.png"), full_page=False)
         page.get_by_role("button", name="Submit").click()
-        page.wait_for_timeout(3000)
+        page.get_by_text("scheduled to start").last.wait_for()  # the UI's toast
         page.screenshot(path=str(artifacts / "prefect-ui-submitted.png"), full_page=False)
 
         def submitted():
@@ -232,30 +361,30 @@ def test_run_with_changed_parameters_from_the_ui_form(
                 "/flow_runs/filter",
                 json={"deployments": {"id": {"any_": [deployment_id]}}},
             ).json()
-            return next(
-                (r for r in runs if r["parameters"].get("config_path") == str(config_file)),
-                None,
-            )
+            return next((r for r in runs if r["parameters"].get("config")), None)
 
         run = _wait_for(submitted, 60, "the run submitted from the UI")
-
-        def completed():
-            state = client.get(f"/flow_runs/{run['id']}").json()["state"]["type"]
-            return state if state in ("COMPLETED", "FAILED", "CRASHED") else None
-
-        _wait_for(completed, 600, "the UI-started run to finish")
+        run, tasks = _finished(client, run["id"])
         # Read the state from the run's own page, after its name shows (the URL changes
         # before the page does, and another run's badge must not pass for this one).
         page.goto(f"{base}/runs/flow-run/{run['id']}")
         page.get_by_text(run["name"]).first.wait_for()
         page.locator(".state-badge", has_text="Completed").first.wait_for(timeout=60_000)
         page.screenshot(path=str(artifacts / "prefect-ui-run-completed.png"), full_page=True)
+        report = _artifact(client, run["id"], "run-report", field="id")
+        page.goto(f"{base}/artifacts/artifact/{report}")
+        page.get_by_text("Run report: ui").first.wait_for()
+        page.screenshot(path=str(artifacts / "prefect-ui-run-report.png"), full_page=True)
         context.close()
 
-    final = client.get(f"/flow_runs/{run['id']}").json()
-    assert final["state"]["type"] == "COMPLETED"
-    tasks = client.post(
-        "/task_runs/filter", json={"flow_runs": {"id": {"any_": [run["id"]]}}}
-    ).json()
-    stages = ("download", "tokenize", "generate", "extract", "hidden_states", "train", "evaluate")
-    assert {t["name"] for t in tasks} == {f"{stage}[api]" for stage in stages}
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    config = run["parameters"]["config"]
+    assert (config["name"], config["generation"]["max_tokens"]) == ("ui", 40)
+    assert run["parameters"]["until"] == "generate"
+    assert run["name"] == "pipeline[ui] until generate"
+    assert set(tasks) == {"download[ui]", "tokenize[ui]", "generate[ui]"}
+    work_dir = served.project / "runs" / "demo"
+    generate = json.loads((work_dir / "run.json").read_text())["stages"]["generate"]
+    manifest = json.loads((Path(generate["path"]) / "manifest.json").read_text())
+    assert manifest["config"]["max_tokens"] == 40
+    assert "| generate | Completed |" in _artifact(client, run["id"], "run-report")

@@ -1,0 +1,248 @@
+"""The record of one pipeline run in its work dir, and the report built from it.
+
+`WORK_DIR/run.json` is written by the flow as the run goes: the config name, the config file
+to run it again (`WORK_DIR/config.yaml`, written at the start, unless the run was given its own
+file), `until`, `refresh_from`, and one entry per stage (state, key, path, records, seconds; a
+failed stage also has its error and what its `.partial` folder holds). `render_run_report`
+turns that record and the stage manifests into markdown; `write_run_report` writes it to
+`WORK_DIR/run_report.md`. `failure_note` says what failed, where the partial outputs are and
+the exact command that resumes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from eaglet.config import STAGES, PipelineConfig
+from eaglet.storage import read_manifest, write_json_atomic
+
+RUN_FILE = "run.json"
+CONFIG_FILE = "config.yaml"
+REPORT_FILE = "run_report.md"
+
+# What a rerun does with a stage's `.partial` folder (see `eaglet.storage.run_stage` and the
+# `resume_partial` argument of each task).
+RESUMES_PARTIAL = {
+    "generate": "keeps the records already in generations.jsonl and sends only the prompts "
+    "not written yet (failed samples are tried again)",
+    "train": "resumes training from the last checkpoint in state/",
+}
+RESTARTS_PARTIAL = "rebuilds this partial folder from the stage's inputs"
+
+_LISTED_FILES = 12
+_LISTED_IDS = 10
+
+
+def start_run_record(
+    config: PipelineConfig, config_path: str | None, until: str, refresh_from: str | None
+) -> dict[str, Any]:
+    """Write `WORK_DIR/config.yaml` (the config this run uses) and a fresh `run.json`."""
+    work_dir = Path(config.work_dir).resolve()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    own_file = work_dir / CONFIG_FILE
+    own_file.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    run = {
+        "name": config.name,
+        "work_dir": str(work_dir),
+        "config_file": str(Path(config_path).resolve()) if config_path else str(own_file),
+        "until": until,
+        "refresh_from": refresh_from,
+        "stages": {},
+    }
+    write_run_record(work_dir, run)
+    return run
+
+
+def write_run_record(work_dir: Path, run: dict[str, Any]) -> None:
+    write_json_atomic(Path(work_dir) / RUN_FILE, run)
+
+
+def read_run_record(work_dir: Path) -> dict[str, Any] | None:
+    path = Path(work_dir) / RUN_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def resume_command(run: dict[str, Any] | None) -> str:
+    """The shell command that runs the same pipeline again; finished stages come back Cached."""
+    if not run:
+        return "eaglet run CONFIG.yaml"
+    command = f"eaglet run {run['config_file']}"
+    if run.get("until", "evaluate") != "evaluate":
+        command += f" --until {run['until']}"
+    return command
+
+
+def describe_partial(folder: Path) -> dict[str, Any]:
+    """What a stage's `.partial` folder holds: files, records per JSONL file, failed ids."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return {"exists": False}
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    records = {}
+    for path in files:
+        if path.suffix == ".jsonl" and path.parent == folder:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                records[path.name] = sum(1 for line in handle if line.strip())
+    failed_ids = []
+    failed = folder / "failed.jsonl"
+    if failed.is_file():
+        for line in failed.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                failed_ids.append(json.loads(line)["sample_id"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn last line of a killed run
+    return {
+        "exists": True,
+        "files": len(files),
+        "bytes": sum(p.stat().st_size for p in files),
+        "listed": [str(p.relative_to(folder)) for p in files[:_LISTED_FILES]],
+        "records": records,
+        "failed_sample_ids": failed_ids,
+    }
+
+
+def failure_entry(key: str, partial: Path, error: str, seconds: float) -> dict[str, Any]:
+    """The `run.json` entry of a stage that failed."""
+    return {
+        "state": "Failed",
+        "key": key,
+        "path": str(partial),
+        "records": 0,
+        "seconds": round(seconds, 2),
+        "error": error,
+        "partial": describe_partial(partial),
+    }
+
+
+def failure_note(stage: str, entry: dict[str, Any], run: dict[str, Any] | None) -> str:
+    """Markdown: what failed, on which samples/files, where the partial folder is, how to resume."""
+    partial = entry.get("partial", {})
+    lines = [f"## `{stage}` failed", "", "```", entry["error"].strip(), "```", ""]
+    if partial.get("exists"):
+        lines.append(
+            f"Partial outputs, kept: `{entry['path']}` ({partial['files']} files, "
+            f"{partial['bytes']:,} bytes)."
+        )
+        for name, count in partial["records"].items():
+            lines.append(f"- `{name}`: {count} records")
+        shown = partial["listed"]
+        more = partial["files"] - len(shown)
+        if shown:
+            lines.append("- files: " + ", ".join(f"`{f}`" for f in shown))
+            if more > 0:
+                lines[-1] += f" and {more} more"
+        ids = partial["failed_sample_ids"]
+        if ids:
+            lines.append(
+                f"- {len(ids)} failed samples (in `failed.jsonl`): "
+                + ", ".join(ids[:_LISTED_IDS])
+                + (" ..." if len(ids) > _LISTED_IDS else "")
+            )
+    else:
+        lines.append(f"No partial folder was left (expected at `{entry['path']}`).")
+    lines += [
+        "",
+        f"**Resume** after fixing the cause: `{resume_command(run)}`. Finished stages come back "
+        f"Cached; this stage {RESUMES_PARTIAL.get(stage, RESTARTS_PARTIAL)}. From the Prefect UI: "
+        "start the deployment again with the same parameters.",
+        f"To redo a finished stage and everything after it, add `--refresh-from STAGE` "
+        f"(e.g. `--refresh-from {stage}`).",
+    ]
+    return "\n".join(lines)
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def key_figures(stage: str, manifest: dict[str, Any]) -> str:
+    """One table cell: the figures a person checks first for this stage."""
+    counts, info = manifest.get("counts", {}), manifest.get("info", {})
+    records = counts.get("records", 0)
+    if stage == "download":
+        sources = ", ".join(f"{s} {n}" for s, n in info.get("per_source", {}).items())
+        return f"{sources}; {counts.get('duplicates', 0)} duplicates dropped"
+    if stage == "tokenize":
+        return f"{counts.get('rejected', 0)} rejected, {counts.get('too_long', 0)} too long"
+    if stage == "generate":
+        truncated = counts.get("truncated", 0)
+        return (
+            f"engine {info.get('engine', '?')}; {counts.get('failed', 0)} failed samples; "
+            f"{truncated} truncated ({_percent(truncated / records if records else None)})"
+        )
+    if stage == "extract":
+        quality = info.get("quality", {})
+        return (
+            f"format {quality.get('reasoning_format', '?')}; reasoning captured "
+            f"{_percent(quality.get('reasoning_capture_rate'))}; truncated "
+            f"{_percent(quality.get('truncation_rate'))}"
+        )
+    if stage == "hidden_states":
+        return f"{counts.get('tokens', 0):,} tokens"
+    if stage == "train":
+        final, initial = info.get("final_loss"), info.get("initial_loss")
+        loss = "n/a" if final is None else f"{final:.4f}"
+        if final is not None and initial is not None:
+            loss += f" (first {initial:.4f})"
+        return f"final loss {loss}; {info.get('steps', 0)} steps"
+    if stage == "evaluate":
+        tau, untrained = info.get("tau"), info.get("untrained_tau")
+        if tau is None:
+            return ""
+        return f"τ {tau:.3f} trained vs {untrained:.3f} untrained"
+    return ""
+
+
+def render_run_report(run: dict[str, Any], manifests: dict[str, dict[str, Any]]) -> str:
+    """The run report as markdown: per stage, Cached or ran, records, seconds, key figures and
+    folder; then, for a failed stage, its error and how to resume. `manifests` maps a stage
+    to its manifest (as a dict); stages without one show no figures."""
+    stages = run.get("stages", {})
+    failed = [s for s, e in stages.items() if e["state"] not in ("Completed", "Cached")]
+    until = run.get("until", "evaluate")
+    outcome = f"**failed** at `{failed[0]}`" if failed else "completed"
+    lines = [
+        f"# Run report: {run.get('name', '?')}",
+        "",
+        f"Run {outcome}; stages up to `{until}`"
+        + (f", refreshed from `{run['refresh_from']}`" if run.get("refresh_from") else "")
+        + f". Config: `{run.get('config_file', '?')}`.",
+        "",
+        "| stage | state | records | seconds | key figures | folder |",
+        "|---|---|---|---|---|---|",
+    ]
+    for stage in STAGES:
+        entry = stages.get(stage)
+        if entry is None:
+            if STAGES.index(stage) > STAGES.index(until):
+                state = "not requested"
+            else:
+                state = "not run"
+            lines.append(f"| {stage} | {state} | | | | |")
+            continue
+        figures = key_figures(stage, manifests[stage]) if stage in manifests else ""
+        lines.append(
+            f"| {stage} | {entry['state']} | {entry.get('records', 0)} | "
+            f"{entry.get('seconds', 0):.1f} | {figures} | `{entry.get('path', '')}` |"
+        )
+    for stage in failed:
+        lines += ["", failure_note(stage, stages[stage], run)]
+    return "\n".join(lines) + "\n"
+
+
+def write_run_report(work_dir: Path) -> str:
+    """Render the report of the run recorded in `WORK_DIR/run.json` into `run_report.md`."""
+    work_dir = Path(work_dir)
+    run = read_run_record(work_dir) or {"stages": {}}
+    manifests = {}
+    for stage, entry in run["stages"].items():
+        manifest = read_manifest(Path(entry.get("path", ""))) if entry.get("path") else None
+        if manifest is not None:
+            manifests[stage] = manifest.model_dump()
+    report = render_run_report(run, manifests)
+    (work_dir / REPORT_FILE).write_text(report, encoding="utf-8")
+    return report

@@ -1,0 +1,164 @@
+"""The run report, without Prefect: built from `run.json` and the stage manifests, it says per
+stage Cached or ran, records, seconds, key figures and folder; after a failure it marks the
+stage, quotes its error, describes the partial folder and gives the command that resumes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from eaglet.config import load_config
+from eaglet.run_report import (
+    describe_partial,
+    failure_entry,
+    failure_note,
+    read_run_record,
+    render_run_report,
+    resume_command,
+    start_run_record,
+    write_run_record,
+    write_run_report,
+)
+from eaglet.storage import StageOutput, run_stage
+
+FIGURES = {
+    "download": StageOutput({"records": 24, "duplicates": 2}, {"per_source": {"arith": 16}}),
+    "tokenize": StageOutput({"records": 24, "rejected": 1, "too_long": 0}, {}),
+    "generate": StageOutput(
+        {"records": 24, "failed": 3, "truncated": 6}, {"engine": "vllm", "written": 24}
+    ),
+    "extract": StageOutput(
+        {"records": 24},
+        {
+            "quality": {
+                "reasoning_format": "qwen3",
+                "reasoning_capture_rate": 0.875,
+                "truncation_rate": 0.25,
+            }
+        },
+    ),
+    "hidden_states": StageOutput({"records": 24, "tokens": 4096}, {}),
+    "train": StageOutput({"records": 19}, {"final_loss": 2.5, "initial_loss": 6.25, "steps": 12}),
+    "evaluate": StageOutput({"records": 2}, {"tau": 2.25, "untrained_tau": 1.0}),
+}
+
+
+def finished_stage(work_dir: Path, stage: str, state: str) -> dict:
+    """A real stage folder with a manifest, and the run.json entry the flow writes for it."""
+    manifest = run_stage(
+        work_dir=work_dir,
+        stage=stage,
+        key=f"{stage}-key",
+        code_hash="c",
+        config={},
+        upstream=[],
+        body=lambda folder: FIGURES[stage],
+    )
+    return {
+        "state": state,
+        "key": manifest.key,
+        "path": manifest.path,
+        "records": manifest.counts["records"],
+        "seconds": 1.25,
+    }
+
+
+def config_for(work_dir: Path):
+    return load_config(None, [f"work_dir={work_dir}", "name=arith"])
+
+
+def table_row(report: str, stage: str) -> list[str]:
+    row = next(line for line in report.splitlines() if line.startswith(f"| {stage} |"))
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
+def test_report_of_a_finished_run_gives_state_records_seconds_figures_and_folder(tmp_path):
+    work_dir = tmp_path / "work"
+    run = start_run_record(config_for(work_dir), None, "evaluate", None)
+    for stage in ("download", "tokenize", "generate"):
+        run["stages"][stage] = finished_stage(work_dir, stage, "Cached")
+    for stage in ("extract", "hidden_states", "train", "evaluate"):
+        run["stages"][stage] = finished_stage(work_dir, stage, "Completed")
+    write_run_record(work_dir, run)
+
+    report = write_run_report(work_dir)
+
+    assert (work_dir / "run_report.md").read_text() == report
+    assert report.startswith("# Run report: arith")
+    assert "Run completed" in report
+    generate = table_row(report, "generate")
+    assert generate[:4] == ["generate", "Cached", "24", "1.2"]
+    assert "3 failed samples" in generate[4] and "6 truncated (25.0%)" in generate[4]
+    assert generate[5] == f"`{work_dir.resolve() / 'generate' / 'generate-key'}`"
+    assert table_row(report, "extract")[1] == "Completed"
+    assert "reasoning captured 87.5%" in table_row(report, "extract")[4]
+    assert "final loss 2.5000 (first 6.2500)" in table_row(report, "train")[4]
+    assert "τ 2.250 trained vs 1.000 untrained" in table_row(report, "evaluate")[4]
+    assert "2 duplicates dropped" in table_row(report, "download")[4]
+    assert "failed" not in report.split("\n", 3)[2]  # the summary line
+
+
+def test_report_after_a_failure_marks_the_stage_and_says_how_to_resume(tmp_path):
+    work_dir = tmp_path / "work"
+    config_file = tmp_path / "arith.yaml"
+    run = start_run_record(config_for(work_dir), str(config_file), "train", None)
+    for stage in ("download", "tokenize"):
+        run["stages"][stage] = finished_stage(work_dir, stage, "Completed")
+    partial = work_dir / "generate" / "k1.partial"
+    partial.mkdir(parents=True)
+    (partial / "generations.jsonl").write_text('{"sample_id": "a"}\n{"sample_id": "b"}\n')
+    (partial / "failed.jsonl").write_text(
+        '{"sample_id": "s-400", "message": "bad request"}\n{"sample_id": "s-'
+    )  # a torn last line, as a killed run leaves it
+    run["stages"]["generate"] = failure_entry(
+        "k1", partial, "TooManyFailuresError: 1 of 3 samples failed", 4.0
+    )
+    write_run_record(work_dir, run)
+
+    report = write_run_report(work_dir)
+
+    assert "Run **failed** at `generate`" in report
+    assert table_row(report, "generate")[:2] == ["generate", "Failed"]
+    assert table_row(report, "generate")[5] == f"`{partial}`"
+    assert table_row(report, "extract")[1] == "not run"
+    assert table_row(report, "evaluate")[1] == "not requested"
+    assert "TooManyFailuresError: 1 of 3 samples failed" in report
+    assert f"Partial outputs, kept: `{partial}`" in report
+    assert "`generations.jsonl`: 2 records" in report
+    assert "1 failed samples (in `failed.jsonl`): s-400" in report
+    assert f"`eaglet run {config_file.resolve()} --until train`" in report
+    assert "sends only the prompts not written yet" in report
+    assert "--refresh-from generate" in report
+    assert partial.is_dir()  # reporting never touches the partial folder
+
+
+def test_stages_that_restart_their_partial_folder_say_so():
+    entry = {"error": "QualityGateError: quality gate failed", "path": "/w/extract/k.partial"}
+    note = failure_note("extract", entry, None)
+    assert "this stage rebuilds this partial folder from the stage's inputs" in note
+    assert "No partial folder was left (expected at `/w/extract/k.partial`)" in note
+    assert "`eaglet run CONFIG.yaml`" in note
+
+
+def test_a_run_without_a_config_file_resumes_from_the_config_it_wrote(tmp_path):
+    work_dir = tmp_path / "work"
+    config = config_for(work_dir)
+    run = start_run_record(config, None, "evaluate", "extract")
+
+    written = work_dir.resolve() / "config.yaml"
+    assert resume_command(run) == f"eaglet run {written}"
+    assert load_config(written) == config
+    assert read_run_record(work_dir) == json.loads(json.dumps(run))
+    assert "refreshed from `extract`" in render_run_report(run, {})
+
+
+def test_describe_partial_counts_records_and_lists_files(tmp_path):
+    assert describe_partial(tmp_path / "missing") == {"exists": False}
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "step-4.pt").write_bytes(b"1234")
+    (tmp_path / "examples.jsonl").write_text("{}\n\n{}\n")
+    described = describe_partial(tmp_path)
+    assert described["files"] == 2 and described["bytes"] == 4 + 7
+    assert described["records"] == {"examples.jsonl": 2}
+    assert described["listed"] == ["examples.jsonl", "state/step-4.pt"]
+    assert described["failed_sample_ids"] == []
