@@ -89,7 +89,8 @@ def test_report_of_a_finished_run_gives_state_records_seconds_figures_and_folder
     generate = table_row(report, "generate")
     assert generate[:4] == ["generate", "Cached", "24", "1.2"]
     assert "3 failed samples" in generate[4] and "6 truncated (25.0%)" in generate[4]
-    assert generate[5] == f"`{work_dir.resolve() / 'generate' / 'generate-key'}`"
+    assert generate[5] == "`generate/generate-key`"  # in the work dir, named in the header
+    assert f"Work dir: `{work_dir.resolve()}`" in report
     assert table_row(report, "extract")[1] == "Completed"
     assert "reasoning captured 87.5%" in table_row(report, "extract")[4]
     assert "final loss 2.5000 (first 6.2500)" in table_row(report, "train")[4]
@@ -119,7 +120,7 @@ def test_report_after_a_failure_marks_the_stage_and_says_how_to_resume(tmp_path)
 
     assert "Run **failed** at `generate`" in report
     assert table_row(report, "generate")[:2] == ["generate", "Failed"]
-    assert table_row(report, "generate")[5] == f"`{partial}`"
+    assert table_row(report, "generate")[5] == "`generate/k1.partial`"
     assert table_row(report, "extract")[1] == "not run"
     assert table_row(report, "evaluate")[1] == "not requested"
     assert "TooManyFailuresError: 1 of 3 samples failed" in report
@@ -156,9 +157,9 @@ def test_describe_partial_counts_records_and_lists_files(tmp_path):
     assert describe_partial(tmp_path / "missing") == {"exists": False}
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "step-4.pt").write_bytes(b"1234")
-    (tmp_path / "examples.jsonl").write_text("{}\n\n{}\n")
+    (tmp_path / "examples.jsonl").write_text('{}\n{}\n{"torn')
     described = describe_partial(tmp_path)
-    assert described["files"] == 2 and described["bytes"] == 4 + 7
+    assert described["files"] == 2 and described["bytes"] == 4 + 12
     assert described["records"] == {"examples.jsonl": 2}
     assert described["listed"] == ["examples.jsonl", "state/step-4.pt"]
     assert described["failed_sample_ids"] == []
