@@ -298,6 +298,7 @@ async def run_canary_async(
     tokenizer: Any,
     prompts: list[Prompt],
     engine: HTTPEngine | None = None,
+    api_key: str | None = None,
 ) -> CanaryReport:
     """The canary's checks; see `run_canary`."""
     started = time.monotonic()
@@ -311,7 +312,7 @@ async def run_canary_async(
         return report
     if engine is None:
         try:
-            engine = make_http_engine(_canary_config(config, n), tokenizer)
+            engine = make_http_engine(_canary_config(config, n), tokenizer, api_key=api_key)
         except (ValueError, OSError) as exc:
             report.failures.append(str(exc))
             return report
@@ -351,8 +352,9 @@ def run_canary(
     tokenizer: Any,
     prompts: list[Prompt],
     engine: HTTPEngine | None = None,
+    api_key: str | None = None,
 ) -> CanaryReport:
     """Send `generation.canary_requests` of `prompts` through the configured engine and check
     the answers (see the module docstring). Never raises for a broken server: the report
     lists the failures (`report.raise_if_failed()` turns them into a `CanaryError`)."""
-    return run_sync(run_canary_async(config, tokenizer, list(prompts), engine))
+    return run_sync(run_canary_async(config, tokenizer, list(prompts), engine, api_key))

@@ -129,7 +129,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                 )
             except PromptError as exc:
                 problems.append(str(exc))
-    report = run_canary(config, tokenizer, prompts[:wanted])
+    api_key = None
+    if config.generation.api_key_secret:
+        from tasks.generate import secret_api_key  # Prefect blocks live outside the core
+
+        api_key = secret_api_key(config)
+    report = run_canary(config, tokenizer, prompts[:wanted], api_key=api_key)
     print(report.render())
     if not report.ok:
         problems.append("the canary failed (see above)")

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 STAGES = ("download", "tokenize", "generate", "extract", "hidden_states", "train", "evaluate")
 Stage = Literal["download", "tokenize", "generate", "extract", "hidden_states", "train", "evaluate"]
@@ -57,10 +64,12 @@ class TokenizeConfig(_Strict):
     max_prompt_tokens: int = Field(
         768, ge=8, description="Prompts longer than this are dropped and counted in the manifest."
     )
-    regenerate: Literal["last"] = Field(
+    regenerate: Literal["last", "all"] = Field(
         "last",
-        description="Which assistant turn to regenerate: 'last' drops the final assistant turn "
-        "and asks the target to answer the conversation so far.",
+        description="Which assistant turns to regenerate: 'last' drops the final assistant turn "
+        "and asks the target to answer the conversation so far; 'all' regenerates every "
+        "assistant turn in order, feeding the target its own earlier answers (one training "
+        "example per turn).",
     )
 
 
@@ -84,6 +93,11 @@ class GenerationConfig(_Strict):
         None,
         description="Name of the environment variable that holds the server's API key, sent as "
         "'Authorization: Bearer'. The key itself never goes in the config (HTTP engines).",
+    )
+    api_key_secret: str | None = Field(
+        None,
+        description="Name of a Prefect Secret block that holds the server's API key, read by "
+        "the generate task on the worker; an alternative to api_key_env (HTTP engines).",
     )
     request_timeout_s: float = Field(
         1800.0,
@@ -120,6 +134,14 @@ class GenerationConfig(_Strict):
         description="Real requests the preflight canary (eaglet doctor, and the generate stage "
         "before its run) sends to check the server's answers.",
     )
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> GenerationConfig:
+        if self.api_key_env and self.api_key_secret:
+            raise ValueError(
+                "set api_key_env or api_key_secret, not both: they name two sources for one key"
+            )
+        return self
 
 
 class ReasoningConfig(_Strict):

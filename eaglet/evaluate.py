@@ -1,7 +1,7 @@
 """Offline evaluation of a draft: acceptance length tau under greedy chain speculation.
 
-Owns `evaluate_draft` (a trained draft), `untrained_baseline` (a freshly initialised draft with the
-same config and vocab, seed 0, for the trained-vs-untrained comparison) and `plot_acceptance`.
+Owns `evaluate_draft` (a trained draft, and beside it a freshly initialised draft with the same
+config and vocab for the trained-vs-untrained comparison) and `plot_acceptance`.
 
 One round, batch 1, no KV cache (the target re-reads the whole sequence; fine for the small
 models this runs on): the target's forward over the sequence x_0..x_{L-1} gives its aux features
@@ -146,24 +146,24 @@ def speculative_generate(
 def _evaluate(
     draft: Eagle3Draft,
     target,
-    prompts,
-    k,
-    max_new_tokens,
-    eos_token_ids,
-    aux_layer_ids,
-    progress,
+    prompts: list[list[int]],
+    references: list[list[int]],  # plain greedy output per prompt
+    k: int,
+    max_new_tokens: int,
+    eos: set[int],
+    aux_layer_ids: list[int],
+    progress: Callable[[dict], None] | None,
 ) -> dict:
     t0 = time.time()
-    eos = set(default_eos_ids(target) if eos_token_ids is None else eos_token_ids)
     embed = target.get_input_embeddings().weight
     draft = draft.to(target.device).eval()
     rounds: list[int] = []
     new_tokens, mismatched = 0, []
-    for p, prompt in enumerate(prompts):
+    for p, (prompt, reference) in enumerate(zip(prompts, references, strict=True)):
         out, accepted = speculative_generate(
             target, draft, embed, prompt, k, max_new_tokens, eos, aux_layer_ids
         )
-        if out != greedy_generate(target, prompt, max_new_tokens, eos):
+        if out != reference:
             mismatched.append(p)
         rounds += accepted
         new_tokens += len(out)
@@ -209,55 +209,28 @@ def evaluate_draft(
     progress: Callable[[dict], None] | None = None,
     device: str = "cpu",
     trust_remote_code: bool = False,
+    untrained_seed: int | None = 0,
 ) -> dict:
-    """tau and per-position acceptance of the draft in `draft_dir` on `prompts` (token ids)."""
-    draft, config = load_draft(Path(draft_dir))
-    target = load_target(Path(target_model_dir), device, trust_remote_code)
-    aux_ids = resolve_aux_ids(config, aux_layer_ids)
-    report = _evaluate(
-        draft,
-        target,
-        prompts,
-        num_speculative_tokens,
-        max_new_tokens,
-        eos_token_ids,
-        aux_ids,
-        progress,
-    )
-    return dict(report, draft="trained", draft_dir=str(draft_dir))
+    """tau and per-position acceptance of the draft in `draft_dir` on `prompts` (token ids).
 
-
-def untrained_baseline(
-    draft_dir: Path,
-    target_model_dir: Path,
-    prompts: list[list[int]],
-    num_speculative_tokens: int = 4,
-    max_new_tokens: int = 128,
-    eos_token_ids: list[int] | None = None,
-    aux_layer_ids: list[int] | None = None,
-    progress: Callable[[dict], None] | None = None,
-    device: str = "cpu",
-    trust_remote_code: bool = False,
-    seed: int = 0,
-) -> dict:
-    """The same evaluation with a fresh draft: `draft_dir`'s config and vocab, weights from seed."""
+    With `untrained_seed`, the same evaluation of a fresh draft (the same config and vocab,
+    weights drawn from the seed) is the baseline under `"untrained"`; the target is loaded,
+    and its plain greedy reference decoded, once for both."""
     trained, config = load_draft(Path(draft_dir))
-    torch.manual_seed(seed)
-    draft = Eagle3Draft(config_from_json(config))
-    draft.set_vocab(trained.d2t, trained.t2d)
     target = load_target(Path(target_model_dir), device, trust_remote_code)
     aux_ids = resolve_aux_ids(config, aux_layer_ids)
-    report = _evaluate(
-        draft,
-        target,
-        prompts,
-        num_speculative_tokens,
-        max_new_tokens,
-        eos_token_ids,
-        aux_ids,
-        progress,
-    )
-    return dict(report, draft=f"untrained (seed {seed})", draft_dir=str(draft_dir))
+    eos = set(default_eos_ids(target) if eos_token_ids is None else eos_token_ids)
+    references = [greedy_generate(target, prompt, max_new_tokens, eos) for prompt in prompts]
+    settings = (num_speculative_tokens, max_new_tokens, eos, aux_ids)
+    report = _evaluate(trained, target, prompts, references, *settings, progress)
+    report.update(draft="trained", draft_dir=str(draft_dir))
+    if untrained_seed is not None:
+        torch.manual_seed(untrained_seed)
+        fresh = Eagle3Draft(config_from_json(config))
+        fresh.set_vocab(trained.d2t, trained.t2d)
+        baseline = _evaluate(fresh, target, prompts, references, *settings, None)
+        report["untrained"] = dict(baseline, draft=f"untrained (seed {untrained_seed})")
+    return report
 
 
 def plot_acceptance(report: dict, path: Path) -> None:

@@ -171,13 +171,26 @@ def template_mismatch(
     turn: dict[str, Any] = {
         "role": "assistant",
         "content": example.content,
+        # Qwen3/DeepSeek templates read `reasoning_content`, gpt-oss's reads `thinking`.
         "reasoning_content": example.reasoning,
+        "thinking": example.reasoning,
     }
-    if example.tool_calls:
-        turn["tool_calls"] = [{"type": "function", "function": call} for call in example.tool_calls]
-    text = tokenizer.apply_chat_template(
-        [*prompt.messages, turn], tools=prompt.tools, tokenize=False, **chat_template_kwargs
-    )
+    # A call that is not `{"name", "arguments"}` (invalid JSON, cut off) has no chat-message
+    # form: it is left out, so the re-render differs from the tokens and is reported.
+    calls = [c for c in example.tool_calls if {"name", "arguments"} <= c.keys()]
+    if calls:
+        turn["tool_calls"] = [{"type": "function", "function": call} for call in calls]
+    try:
+        text = tokenizer.apply_chat_template(
+            [*prompt.messages, turn], tools=prompt.tools, tokenize=False, **chat_template_kwargs
+        )
+    except Exception as exc:  # a template that cannot render the turn at all
+        return {
+            "position": len(prompt.prompt_ids),
+            "in_prompt": False,
+            "generated": tokenizer.decode(example.input_ids[len(prompt.prompt_ids) :][:12]),
+            "rendered": f"<the chat template failed: {type(exc).__name__}: {exc}>",
+        }
     rendered = tokenizer(text, add_special_tokens=False)["input_ids"]
     expected = example.input_ids
     if rendered[: len(expected)] == expected:
@@ -343,7 +356,7 @@ def server_disagreement_line(example: Example, server: ServerTexts) -> dict[str,
 
 def write_examples(
     generations_path: Path,
-    prompts_path: Path,
+    prompts_paths: list[Path],
     out_dir: Path,
     tokenizer,
     reasoning_format: ReasoningFormat,
@@ -353,8 +366,11 @@ def write_examples(
     """Build every example into `examples.jsonl`, template mismatches into
     `template_mismatches.jsonl`, samples whose server text disagrees with the split into
     `server_disagreements.jsonl`, and the quality report into `quality.json`; return the
-    report."""
-    prompt_by_id = {p.sample_id: p for p in read_jsonl(prompts_path, Prompt)}
+    report. `prompts_paths` hold the prompts of every record: the tokenize stage's, and the
+    later turns' ones the generate stage wrote (`turn_prompts.jsonl`, regenerate="all")."""
+    prompt_by_id = {
+        p.sample_id: p for path in prompts_paths if path.exists() for p in read_jsonl(path, Prompt)
+    }
     examples, reasoning_tokens, server_checks = [], {}, {}
     with (
         open(out_dir / "examples.jsonl", "w", encoding="utf-8") as out,

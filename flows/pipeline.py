@@ -56,6 +56,7 @@ def pipeline(
     config_path: str | None = None,
     until: Stage = "evaluate",
     refresh_from: Stage | None = None,
+    retry_failed: bool = False,
 ) -> dict:
     """Regenerate the target's answers and train an EAGLE-3 draft on them.
 
@@ -63,7 +64,9 @@ def pipeline(
     it when given. Stages run up to `until`; `refresh_from` re-runs that stage (and so every
     stage after it) even when its inputs and code are unchanged, e.g. after a server flag or a
     dataset revision changed. The run report (artifact `run-report`, and
-    `WORK_DIR/run_report.md`) is written at the end, also when a stage fails."""
+    `WORK_DIR/run_report.md`) is written at the end, also when a stage fails. `retry_failed`
+    sends the samples a finished generate stage recorded as failed again, keeping every record
+    already written."""
     if config_path:
         config = load_config(config_path)
     work_dir = Path(config.work_dir)
@@ -76,9 +79,13 @@ def pipeline(
         if STAGES.index(stage) > STAGES.index(until):
             return None
         started = time.time()
+        retry = stage == "generate" and retry_failed
         task = TASKS[stage].with_options(
-            result_storage=storage, refresh_cache=True if stage == refresh_from else None
+            result_storage=storage,
+            refresh_cache=True if stage == refresh_from or retry else None,
         )
+        if retry:
+            inputs["retry_failed"] = True
         state = task(config, **inputs, refresh=stage == refresh_from, return_state=True)
         if not state.is_completed():
             summary[stage] = stage_failure(stage, config, inputs, state, time.time() - started)

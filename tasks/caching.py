@@ -79,6 +79,7 @@ def run_stage_task(
     body: Callable[[Path], StageOutput],
     resume_partial: bool = False,
     refresh: bool = False,
+    reopen_if: Callable[[Manifest], bool] | None = None,
 ) -> Manifest:
     """Run one stage into `WORK_DIR/<stage>/<key>/` (or reuse it) and return its manifest."""
     upstream = upstream_manifests(stage, inputs)
@@ -92,6 +93,7 @@ def run_stage_task(
         body=body,
         resume_partial=resume_partial,
         refresh=refresh,
+        reopen_if=reopen_if,
     )
 
 

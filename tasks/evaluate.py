@@ -9,7 +9,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from eaglet.config import PipelineConfig
-from eaglet.evaluate import evaluate_draft, plot_acceptance, untrained_baseline
+from eaglet.evaluate import evaluate_draft, plot_acceptance
 from eaglet.prompts import end_token_ids, load_tokenizer
 from eaglet.records import Prompt, read_jsonl
 from eaglet.split import is_heldout
@@ -51,8 +51,8 @@ def evaluate(config: PipelineConfig, draft: dict, prompts: dict, refresh: bool =
             aux_layer_ids=draft["info"]["aux_layer_ids"],
         )
         draft_dir = Path(draft["path"]) / "draft"
-        trained = evaluate_draft(draft_dir, **common)
-        baseline = untrained_baseline(draft_dir, **common)
+        trained = evaluate_draft(draft_dir, **common, untrained_seed=0)
+        baseline = trained.pop("untrained")
         report = {
             "draft": trained,
             "untrained": baseline,

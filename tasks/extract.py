@@ -61,7 +61,10 @@ def extract(
         )
         report = write_examples(
             generations_path=Path(generations["path"]) / "generations.jsonl",
-            prompts_path=Path(prompts["path"]) / "prompts.jsonl",
+            prompts_paths=[
+                Path(prompts["path"]) / "prompts.jsonl",
+                Path(generations["path"]) / "turn_prompts.jsonl",  # regenerate="all" only
+            ],
             out_dir=folder,
             tokenizer=tokenizer,
             reasoning_format=reasoning_format,

@@ -16,6 +16,7 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
+from prefect.exceptions import ObjectNotFound
 
 from eaglet.canary import run_canary
 from eaglet.config import PipelineConfig
@@ -28,7 +29,8 @@ from eaglet.generation import (
 )
 from eaglet.prompts import load_tokenizer
 from eaglet.records import Prompt, read_jsonl
-from eaglet.storage import StageOutput
+from eaglet.storage import Manifest, StageOutput
+from eaglet.turns import generate_every_turn
 from tasks.caching import StageCache, report_stage_failure, run_stage_task
 
 
@@ -43,6 +45,27 @@ def _failed_samples_artifact(failed_path: Path) -> None:
     )
 
 
+def secret_api_key(config: PipelineConfig) -> str | None:
+    """The API key held by the Prefect Secret block `generation.api_key_secret`, if named."""
+    name = config.generation.api_key_secret
+    if not name:
+        return None
+    from prefect.blocks.system import Secret
+
+    try:
+        return str(Secret.load(name).get())
+    except (ValueError, ObjectNotFound) as exc:
+        raise ValueError(
+            f"generation.api_key_secret={name!r}: no Prefect Secret block of that name on this "
+            f"Prefect server; create it (UI: Blocks > Secret, or "
+            f"`Secret(value=...).save({name!r})`) or use generation.api_key_env"
+        ) from exc
+
+
+def _has_failures(manifest: Manifest) -> bool:
+    return manifest.counts.get("failed", 0) > 0
+
+
 @task(
     name="generate",
     task_run_name="generate[{config.name}]",
@@ -53,15 +76,20 @@ def _failed_samples_artifact(failed_path: Path) -> None:
     retries=3,  # a retry resumes from the records already on disk
     retry_delay_seconds=[10, 60, 300],
 )
-def generate(config: PipelineConfig, prompts: dict, refresh: bool = False) -> dict:
+def generate(
+    config: PipelineConfig, prompts: dict, refresh: bool = False, retry_failed: bool = False
+) -> dict:
+    """`retry_failed` reopens a complete stage folder and sends only the samples that failed
+    (the flow bypasses the cache for it); `refresh` regenerates everything."""
     logger = get_run_logger()
 
     def body(folder: Path) -> StageOutput:
         target = config.target
         all_prompts = list(read_jsonl(Path(prompts["path"]) / "prompts.jsonl", Prompt))
         tokenizer = load_tokenizer(target.model, target.trust_remote_code, target.revision)
+        api_key = secret_api_key(config)
         if config.generation.engine != "local":
-            canary = run_canary(config, tokenizer, all_prompts)
+            canary = run_canary(config, tokenizer, all_prompts, api_key=api_key)
             logger.info("canary:\n%s", canary.render())
             canary.raise_if_failed()
         progress_id = create_progress_artifact(0.0, description="generate: records written")
@@ -71,15 +99,21 @@ def generate(config: PipelineConfig, prompts: dict, refresh: bool = False) -> di
             update_progress_artifact(progress_id, 100.0 * update.done / max(1, update.total))
 
         failed_path = folder / "failed.jsonl"
+        engine = make_engine(config, tokenizer, api_key=api_key)
         try:
-            summary = run_generation_sync(
-                make_engine(config, tokenizer),
-                all_prompts,
-                folder / "generations.jsonl",
-                failed_path,
-                progress=progress,
-                max_failure_fraction=config.generation.max_failure_fraction,
-            )
+            if config.tokenize.regenerate == "all":
+                summary = generate_every_turn(
+                    config, engine, tokenizer, all_prompts, folder, progress
+                )
+            else:
+                summary = run_generation_sync(
+                    engine,
+                    all_prompts,
+                    folder / "generations.jsonl",
+                    failed_path,
+                    progress=progress,
+                    max_failure_fraction=config.generation.max_failure_fraction,
+                )
         except TooManyFailuresError:
             _failed_samples_artifact(failed_path)
             raise
@@ -95,5 +129,11 @@ def generate(config: PipelineConfig, prompts: dict, refresh: bool = False) -> di
         )
 
     return run_stage_task(
-        "generate", config, {"prompts": prompts}, body, resume_partial=True, refresh=refresh
+        "generate",
+        config,
+        {"prompts": prompts},
+        body,
+        resume_partial=True,
+        refresh=refresh,
+        reopen_if=_has_failures if retry_failed else None,
     ).model_dump()

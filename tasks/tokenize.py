@@ -35,7 +35,12 @@ def tokenize(config: PipelineConfig, samples: dict, refresh: bool = False) -> di
         ):
             for sample in read_jsonl(Path(samples["path"]) / "samples.jsonl", Sample):
                 try:
-                    prompt = render_prompt(sample, tokenizer, config.tokenize.chat_template_kwargs)
+                    prompt = render_prompt(
+                        sample,
+                        tokenizer,
+                        config.tokenize.chat_template_kwargs,
+                        config.tokenize.regenerate,
+                    )
                 except PromptError as exc:
                     rejected += 1
                     rejects.write(json.dumps({"sample_id": sample.sample_id, "why": str(exc)}))

@@ -16,8 +16,10 @@ from eaglet.extract import (
     build_example,
     server_disagreement_line,
     server_texts,
+    template_mismatch,
     write_examples,
 )
+from eaglet.prompts import load_tokenizer
 from eaglet.reasoning import FORMATS, detect_format
 from eaglet.records import Example, Generation, Prompt, read_jsonl, write_jsonl
 from eaglet.train import shift_left
@@ -133,7 +135,7 @@ def test_extract_writes_both_texts_of_each_disagreement_and_counts_servers_per_s
     )
     report = write_examples(
         tmp_path / "generations.jsonl",
-        tmp_path / "prompts.jsonl",
+        [tmp_path / "prompts.jsonl"],
         tmp_path,
         tokenizer,
         reasoning_format,
@@ -205,3 +207,31 @@ def test_every_part_kind_of_every_format_has_a_loss_mask_viewer_style():
     for reasoning_format in FORMATS:
         missing = set(reasoning_format.part_kinds) - set(_SPAN_STYLE)
         assert not missing, f"{reasoning_format.name}: no _SPAN_STYLE for {missing}"
+
+
+def test_a_cut_off_tool_call_is_reported_as_a_template_mismatch_not_a_crash(fixture_model_dir):
+    """A call cut at max_tokens is not valid JSON and has no chat-message form; the template
+    check must say the re-render differs, where a template would fail on a missing field."""
+    tokenizer = load_tokenizer(str(fixture_model_dir))
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    text = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=False
+    )
+    prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    output = 'ok\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"ci'
+    output_ids = tokenizer(output, add_special_tokens=False)["input_ids"]
+    generation = Generation(
+        sample_id="cut", source="tools", prompt_ids=prompt_ids, output_ids=output_ids,
+        finish_reason="length", engine="local",
+    )  # fmt: skip
+    reasoning_format = detect_format(tokenizer)
+    example = build_example(generation, tokenizer, reasoning_format, {2})
+    assert example.tool_calls and "arguments" not in example.tool_calls[0]
+    prompt = Prompt(
+        sample_id="cut", source="tools", prompt_ids=prompt_ids, prompt_text=text,
+        messages=messages, tools=tools,
+    )  # fmt: skip
+    mismatch = template_mismatch(example, prompt, tokenizer, {})
+    assert mismatch is not None and not mismatch["in_prompt"]
+    assert mismatch["generated"].lstrip().startswith("<tool_call>")

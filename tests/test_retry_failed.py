@@ -11,7 +11,7 @@ import pytest
 from eaglet.generation import Failure
 from eaglet.prompts import load_tokenizer
 from eaglet.records import Generation, read_jsonl
-from tests.conftest import run_cli
+from tests.conftest import run_cli, write_http_run_config
 from tests.fake_servers import FakeServer, serve
 
 pytestmark = pytest.mark.slow
@@ -27,23 +27,11 @@ def test_retry_failed_sends_only_the_failed_samples(tmp_path, fixture_model_dir,
     # The fake server answers in the fixture's own tokens, so the canary's checks hold.
     server = FakeServer(load_tokenizer(str(fixture_model_dir)))
     with serve(server) as url:
-        config = {
-            "work_dir": str(tmp_path / "work"),
-            "target": {"model": str(fixture_model_dir)},
-            "datasets": [
-                {"source": "arith", "path": str(sample_data_dir / "arith.jsonl"), "limit": 6}
-            ],
-            "generation": {
-                "engine": "vllm",
-                "endpoints": [url],
-                "served_model": "tiny",
-                "concurrency": 1,
-                "canary_requests": CANARY_REQUESTS,
-                "max_failure_fraction": 0.5,
-            },
-        }
-        (tmp_path / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
-        args = ["run", str(tmp_path / "config.yaml"), "--until", "generate"]
+        config_path = write_http_run_config(
+            tmp_path, fixture_model_dir, sample_data_dir, url, samples=6,
+            concurrency=1, canary_requests=CANARY_REQUESTS, max_failure_fraction=0.5,
+        )  # fmt: skip
+        args = ["run", str(config_path), "--until", "generate"]
         server.faults.extend(["ok"] * CANARY_REQUESTS + ["400"])  # the first sample is refused
         first = run_cli(args, cwd=tmp_path)
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]

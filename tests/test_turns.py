@@ -10,9 +10,10 @@ import pytest
 from eaglet.config import PipelineConfig
 from eaglet.engines.base import SamplingParams
 from eaglet.engines.local import LocalEngine
+from eaglet.extract import write_examples
 from eaglet.prompts import PromptError, end_token_ids, load_tokenizer, render_prompt
 from eaglet.reasoning import detect_format
-from eaglet.records import Generation, Prompt, Sample, read_jsonl
+from eaglet.records import Example, Generation, Prompt, Sample, read_jsonl, write_jsonl
 from eaglet.split import is_heldout
 from eaglet.turns import assistant_message, generate_every_turn
 
@@ -110,6 +111,23 @@ def test_every_turn_is_generated_from_the_targets_own_earlier_answers(
         assert "an answer from the dataset" not in prompt.prompt_text
         assert prompt.prompt_text.rstrip().endswith("<think>")
         assert records[sample_id].prompt_ids == prompt.prompt_ids
+
+    # Extract finds every turn's prompt, and re-rendering each turn agrees with its tokens.
+    write_jsonl(tmp_path / "prompts.jsonl", first)
+    report = write_examples(
+        tmp_path / "generations.jsonl",
+        [tmp_path / "prompts.jsonl", tmp_path / "turn_prompts.jsonl"],
+        tmp_path,
+        tokenizer,
+        reasoning_format,
+        end_ids,
+        {},
+    )
+    examples = {e.sample_id: e for e in read_jsonl(tmp_path / "examples.jsonl", Example)}
+    assert examples.keys() == records.keys() and report["records"] == len(records)
+    assert report["per_source"]["arith"]["template_mismatches"] == 0
+    for sample_id, example in examples.items():
+        assert example.input_ids == records[sample_id].prompt_ids + records[sample_id].output_ids
 
 
 def test_a_run_killed_mid_conversation_resumes_without_sending_a_turn_twice(

@@ -17,8 +17,9 @@ def sampling_params(config: PipelineConfig) -> SamplingParams:
     )
 
 
-def make_engine(config: PipelineConfig, tokenizer=None) -> Engine:
-    """The engine `generation.engine` names; HTTP engines need the target's tokenizer."""
+def make_engine(config: PipelineConfig, tokenizer=None, api_key: str | None = None) -> Engine:
+    """The engine `generation.engine` names; HTTP engines need the target's tokenizer, and
+    `api_key` overrides `generation.api_key_env` (a key read from a secret store)."""
     engine = config.generation.engine
     if engine == "local":
         from eaglet.engines.local import LocalEngine
@@ -33,4 +34,4 @@ def make_engine(config: PipelineConfig, tokenizer=None) -> Engine:
         )
     from eaglet.engines.http import make_http_engine
 
-    return make_http_engine(config, tokenizer)
+    return make_http_engine(config, tokenizer, api_key=api_key)

@@ -224,6 +224,9 @@ class HTTPEngine:
     tokenizer: Any = field(default=None, repr=False)
     end_ids: list[int] | None = field(default=None, kw_only=True)
     http_library: str | None = field(default=None, kw_only=True)
+    # The key itself, when the caller read it from a secret store (a Prefect Secret block);
+    # None: read the environment variable `generation.api_key_env` names.
+    api_key: str | None = field(default=None, kw_only=True, repr=False)
     sample_response: dict[str, Any] | None = field(default=None, init=False, repr=False)
     name: ClassVar[str] = "http"
     # A GET that answers 200 when the server is up (the canary's first check); the OpenAI
@@ -234,7 +237,7 @@ class HTTPEngine:
         gen = self.config.generation
         if not gen.endpoints:
             raise ValueError("generation.endpoints is empty: list at least one server URL")
-        self._api_key = read_api_key(gen.api_key_env)
+        self._api_key = self.api_key or read_api_key(gen.api_key_env)
         self.http = http_module(self.http_library)
         self.retry = RetryPolicy(gen.max_retries, gen.retry_backoff_s)
         if self.end_ids is None:
