@@ -103,7 +103,8 @@ def test_quality_gate_failure_names_samples_and_keeps_generation(
     assert "quality gate failed" in failed.stdout + failed.stderr
     assert "hit max_tokens" in failed.stdout + failed.stderr
     states = stage_states(work_dir)
-    assert states["generate"] == "Completed" and "extract" not in states
+    assert states["generate"] == "Completed" and states["extract"] == "Failed"
+    assert not list((work_dir / "extract").glob("*/manifest.json")), "no extract folder complete"
 
     relaxed = run_cli([*args, "--set", "reasoning.max_truncation_rate=1.0"], cwd=tmp_path)
     assert relaxed.returncode == 0, relaxed.stderr[-3000:]

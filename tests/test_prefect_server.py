@@ -263,6 +263,70 @@ def test_failing_task_its_message_and_how_to_resume_are_visible_through_the_api(
     assert note in report and resume in report
 
 
+def test_a_run_cancelled_mid_generation_resumes_without_resending_finished_samples(
+    served, tmp_path, fixture_model_dir, sample_data_dir
+):
+    """Cancel a flow run (what the UI's Cancel button does) while it generates, start the
+    same run again: it resumes the partial folder, and the server is sent only the samples
+    that were not written before the cancel (after the canary's probe requests)."""
+    from eaglet.prompts import load_tokenizer
+    from eaglet.records import Generation, Prompt, read_jsonl
+    from tests.fake_servers import FakeServer, serve
+
+    server = FakeServer(load_tokenizer(str(fixture_model_dir)), delay_s=0.5)
+    with serve(server) as url:
+        config = _config(
+            tmp_path, fixture_model_dir, sample_data_dir, "name=cancel",
+            f"datasets=[{{source: arith, path: {sample_data_dir / 'arith.jsonl'}, limit: 40}}]",
+            "generation.engine=vllm", f"generation.endpoints=[{url}]",
+            "generation.concurrency=2", "generation.canary_requests=2",
+        )  # fmt: skip
+        parameters = {"config": config, "until": "generate"}
+        created = served.client.post(
+            f"/deployments/{served.deployments['pipeline']}/create_flow_run",
+            json={"parameters": parameters},
+        )
+        created.raise_for_status()
+        run_id = created.json()["id"]
+        records = tmp_path / "work" / "generate"
+
+        def some_written() -> bool:
+            files = list(records.glob("*.partial/generations.jsonl"))
+            return bool(files) and files[0].read_text().count("\n") >= 5
+
+        _wait_for(some_written, 600, "the first generated records")
+        served.client.post(
+            f"/flow_runs/{run_id}/set_state",
+            json={"state": {"type": "CANCELLING"}, "force": True},
+        ).raise_for_status()
+
+        def cancelled():
+            state = served.client.get(f"/flow_runs/{run_id}").json()["state"]
+            return state if state["type"] in ("CANCELLED", "COMPLETED", "FAILED") else None
+
+        assert _wait_for(cancelled, 120, "the cancellation")["type"] == "CANCELLED"
+        (partial,) = records.glob("*.partial")
+        time.sleep(2)  # requests cut off by the cancel reach the server's log
+        finished = {g.sample_id for g in read_jsonl(partial / "generations.jsonl", Generation)}
+        assert 5 <= len(finished) < 40
+        sent_before = len(server.log)
+
+        run, tasks = _run(served.client, served.deployments["pipeline"], parameters)
+        assert run["state"]["type"] == "COMPLETED", run["state"]
+        assert tasks["generate[cancel]"]["state"]["name"] == "Completed"
+        resumed = [entry["body"]["prompt"] for entry in server.log[sent_before:]]
+    final = partial.with_name(partial.name.removesuffix(".partial"))
+    prompts = {
+        tuple(p.prompt_ids): p.sample_id
+        for p in read_jsonl(next((tmp_path / "work" / "tokenize").glob("*/prompts.jsonl")), Prompt)
+    }
+    sent_ids = [prompts[tuple(ids)] for ids in resumed[2:]]  # after the canary's 2 probes
+    assert set(sent_ids).isdisjoint(finished), "a sample finished before the cancel was re-sent"
+    assert sorted(sent_ids) == sorted(set(prompts.values()) - finished)
+    written = [g.sample_id for g in read_jsonl(final / "generations.jsonl", Generation)]
+    assert sorted(written) == sorted(prompts.values()), "every sample exactly once"
+
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
