@@ -28,15 +28,21 @@ def _quality_markdown(report: dict) -> str:
         f"# Data quality ({report['reasoning_format']})",
         "",
         "| source | records | reasoning captured | thinking in content | truncated | "
-        "reasoning share | p50 tokens |",
-        "|---|---|---|---|---|---|---|",
+        "reasoning share | p50 tokens | template mismatches | server text disagrees |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for source, f in report["per_source"].items():
         lines.append(
             f"| {source} | {f['records']} | {_percent(f['reasoning_capture_rate'])} | "
             f"{f['thinking_in_content']} | {f['truncation_rate']:.1%} | "
-            f"{f['reasoning_token_share']:.1%} | {f['sequence_tokens'].get('p50', 0):.0f} |"
+            f"{f['reasoning_token_share']:.1%} | {f['sequence_tokens'].get('p50', 0):.0f} | "
+            f"{f['template_mismatches']} | {f['server_reasoning_disagreements']} |"
         )
+    lines += [
+        "",
+        "Each template mismatch is in `template_mismatches.jsonl`; each disagreement between a "
+        "server's text and the token split, with both texts, in `server_disagreements.jsonl`.",
+    ]
     return "\n".join(lines)
 
 

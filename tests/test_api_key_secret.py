@@ -20,6 +20,7 @@ KEY = "sk-eaglet-test-5f3c9a"
 def test_generate_reads_the_key_from_a_prefect_secret_block(
     tmp_path, fixture_model_dir, sample_data_dir
 ):
+    # The block is saved to, and read from, one Prefect home (its SQLite database).
     prefect_home = {"PREFECT_HOME": str(tmp_path / ".prefect-home")}
     saved = subprocess.run(
         [sys.executable, "-c", "import sys; from prefect.blocks.system import Secret; "
@@ -34,9 +35,11 @@ def test_generate_reads_the_key_from_a_prefect_secret_block(
             tmp_path, fixture_model_dir, sample_data_dir, url, samples=4,
             canary_requests=2, api_key_secret="llm-server-key",
         )  # fmt: skip
-        run = run_cli(["run", str(config_path), "--until", "generate"], cwd=tmp_path)
+        run = run_cli(
+            ["run", str(config_path), "--until", "generate"], cwd=tmp_path, env=prefect_home
+        )
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        doctor = run_cli(["doctor", str(config_path)], cwd=tmp_path)
+        doctor = run_cli(["doctor", str(config_path)], cwd=tmp_path, env=prefect_home)
         assert doctor.returncode == 0, doctor.stdout[-3000:] + doctor.stderr[-3000:]
     assert len(server.log) == 2 + 4 + 2  # canary, the samples, doctor's canary
     assert {entry["authorization"] for entry in server.log} == {f"Bearer {KEY}"}
