@@ -165,9 +165,22 @@ def template_mismatch(
     """Re-render the conversation plus the generated turn with the chat template and compare
     with `input_ids`; None when they agree, else where and how they first differ.
 
-    A draft is trained on `input_ids` but serves on what the template renders: a template that
-    drops or rewrites the reasoning (thinking vs non-thinking, SpecForge #296) shows up here.
+    A draft is trained on `input_ids` but serves on what the template renders. Two checks:
+    the prompt part must be the prompt the configured template renders (a server that rendered
+    with its own template or other kwargs, thinking vs non-thinking as in SpecForge #296,
+    differs here), and the whole sequence must be the conversation's rendering (a template that
+    drops or rewrites the reasoning differs there).
     """
+    expected = example.input_ids
+    served = prompt.prompt_ids
+    if expected[: len(served)] != served:
+        position = _first_difference(expected, served)
+        return {
+            "position": position,
+            "in_prompt": True,
+            "generated": tokenizer.decode(expected[position : position + 12]),
+            "rendered": tokenizer.decode(served[position : position + 12]),
+        }
     turn: dict[str, Any] = {
         "role": "assistant",
         "content": example.content,
@@ -192,19 +205,21 @@ def template_mismatch(
             "rendered": f"<the chat template failed: {type(exc).__name__}: {exc}>",
         }
     rendered = tokenizer(text, add_special_tokens=False)["input_ids"]
-    expected = example.input_ids
     if rendered[: len(expected)] == expected:
         return None
-    position = next(
-        (i for i, (a, b) in enumerate(zip(expected, rendered, strict=False)) if a != b),
-        min(len(expected), len(rendered)),
-    )
+    position = _first_difference(expected, rendered)
     return {
         "position": position,
         "in_prompt": position < len(prompt.prompt_ids),
         "generated": tokenizer.decode(expected[position : position + 12]),
         "rendered": tokenizer.decode(rendered[position : position + 12]),
     }
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
 
 
 def _percentiles(values: list[int]) -> dict[str, float]:

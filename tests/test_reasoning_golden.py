@@ -424,3 +424,41 @@ def test_harmony_function_call_matches_openai_harmony_parse(harmony):
     assert example.content == ""
     assert example.tool_calls == [{"name": "get_weather", "arguments": {"location": "Tokyo"}}]
     assert "[trained:tool_call" in shown and '{"location":"Tokyo"}' in shown
+
+
+def test_a_sequence_generated_in_thinking_mode_checked_against_non_thinking_is_a_mismatch():
+    """SpecForge #296: the server rendered the prompt in thinking mode (its own template
+    defaults), the config says thinking is off. The trained sequence would start with a prompt
+    the served template never renders: the template check reports it, in the prompt."""
+    tokenizer = qwen3_tokenizer()
+    messages = [{"role": "user", "content": "What is 2 + 3?"}]
+    end_ids = {tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    thinking_prompt = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
+    non_thinking_prompt = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
+    )
+    assert non_thinking_prompt == thinking_prompt + "<think>\n\n</think>\n\n"
+    prompt_ids = tokenizer.encode(thinking_prompt, add_special_tokens=False)
+    output_ids = tokenizer.encode(
+        "<think>\nAdd.\n</think>\n\n5<|im_end|>", add_special_tokens=False
+    )
+    example = _example(tokenizer, detect_format(tokenizer), prompt_ids, output_ids, end_ids)
+    configured = Prompt(
+        sample_id="golden",
+        source="golden",
+        prompt_ids=tokenizer.encode(non_thinking_prompt, add_special_tokens=False),
+        prompt_text=non_thinking_prompt,
+        messages=messages,
+    )
+    mismatch = template_mismatch(example, configured, tokenizer, {"enable_thinking": False})
+    assert mismatch is not None and mismatch["in_prompt"]
+    # Both continue with <think>; then the model's reasoning meets the injected empty block.
+    assert len(prompt_ids) < mismatch["position"] < len(configured.prompt_ids)
+    assert mismatch["generated"].startswith("\nAdd.") and "</think>" in mismatch["rendered"]
+    # The same sequence checked in the mode it was generated in agrees.
+    generated_in = configured.model_copy(
+        update={"prompt_ids": prompt_ids, "prompt_text": thinking_prompt}
+    )
+    assert template_mismatch(example, generated_in, tokenizer, {}) is None
