@@ -68,6 +68,20 @@ def _copy_project(destination: Path) -> Path:
     return destination
 
 
+class RetryingTransport(httpx.HTTPTransport):
+    """Retries 429, 502 and 503 as Prefect's own client does: a SQLite-backed server on a
+    loaded machine answers 503 while its database is busy."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        for attempt in range(6):
+            response = super().handle_request(request)
+            if response.status_code not in (429, 502, 503) or attempt == 5:
+                return response
+            response.close()
+            time.sleep(1 + attempt)
+        raise AssertionError("unreachable")
+
+
 @dataclass
 class Served:
     client: httpx.Client
@@ -115,7 +129,7 @@ def served(tmp_path_factory):
             home / "serve.log",
             cwd=project,
         )
-        client = httpx.Client(base_url=api, timeout=30)
+        client = httpx.Client(base_url=api, timeout=30, transport=RetryingTransport())
 
         def deployments():
             found = {d["name"]: d["id"] for d in client.post("/deployments/filter", json={}).json()}
