@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,13 @@ def _parts_text(split: ReasoningSplit, kind: str, tokenizer, separator: str) -> 
 def build_example(
     generation: Generation, tokenizer, reasoning_format: ReasoningFormat, end_ids: set[int]
 ) -> Example:
+    return _build_example(generation, tokenizer, reasoning_format, end_ids)[0]
+
+
+def _build_example(
+    generation: Generation, tokenizer, reasoning_format: ReasoningFormat, end_ids: set[int]
+) -> tuple[Example, ReasoningSplit, ServerTexts | None]:
+    """The example, with the split and the server cross-check it was built from."""
     split = reasoning_format.split(generation.output_ids, end_ids)
     assert split.all_ids() == generation.output_ids, "split must reproduce the output ids"
     separator = reasoning_format.part_separator
@@ -146,7 +153,7 @@ def build_example(
         flags.append("server_thinking_in_content")
     input_ids = generation.prompt_ids + generation.output_ids
     loss_mask = [0] * len(generation.prompt_ids) + [1] * len(generation.output_ids)
-    return Example(
+    example = Example(
         sample_id=generation.sample_id,
         source=generation.source,
         reasoning=reasoning,
@@ -157,6 +164,7 @@ def build_example(
         finish_reason=generation.finish_reason,
         flags=sorted(set(flags)),
     )
+    return example, split, server
 
 
 def template_mismatch(
@@ -253,20 +261,18 @@ class _SourceTally:
     output_tokens: int = 0
 
 
-def quality_report(
-    examples: list[Example],
-    reasoning_tokens: dict[str, int],
-    reasoning_format: ReasoningFormat,
-    server_checks: dict[str, ServerTexts] | None = None,
-) -> dict[str, Any]:
-    """Per-source figures a person checks before trusting the data (written as quality.json).
-    `server_checks` holds the server text cross-check of the samples that have one."""
-    server_checks = server_checks or {}
-    tallies: dict[str, _SourceTally] = defaultdict(_SourceTally)
-    lengths: dict[str, list[int]] = defaultdict(list)
-    examples_by_flag: dict[str, list[str]] = defaultdict(list)
-    for example in examples:
-        tally = tallies[example.source]
+@dataclass
+class QualityTally:
+    """The figures of quality.json, added up one example at a time: counts, lengths and a
+    few example ids per flag, never the examples themselves (a run holds millions of tokens)."""
+
+    sources: dict[str, _SourceTally] = field(default_factory=lambda: defaultdict(_SourceTally))
+    lengths: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    examples_by_flag: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+    def add(self, example: Example, reasoning_tokens: int, server: ServerTexts | None) -> None:
+        """`server` is the server text cross-check of the example, if it has one."""
+        tally = self.sources[example.source]
         tally.records += 1
         # Captured = reasoning split out and closed. Truncated records cannot close theirs
         # and are judged by the truncation rate instead.
@@ -277,47 +283,52 @@ def quality_report(
         # The seeds' signature: no reasoning split out, yet thinking text sits in the answer.
         tally.leaked += "thinking_in_content" in example.flags
         tally.server_disagrees += "server_reasoning_disagrees" in example.flags
-        server = server_checks.get(example.sample_id)
         if server is not None:
             tally.server_checked += 1
             tally.server_reasoning_in_field += server.reasoning_field is not None
             tally.server_thinking_in_content += server.thinking_in_content
         tally.template_mismatches += "template_mismatch" in example.flags
-        tally.reasoning_tokens += reasoning_tokens.get(example.sample_id, 0)
+        tally.reasoning_tokens += reasoning_tokens
         tally.output_tokens += sum(example.loss_mask)
-        lengths[example.source].append(len(example.input_ids))
+        self.lengths[example.source].append(len(example.input_ids))
         for flag in example.flags:
-            if len(examples_by_flag[flag]) < 5:
-                examples_by_flag[flag].append(example.sample_id)
-    per_source = {}
-    for source, tally in sorted(tallies.items()):
-        per_source[source] = {
-            "records": tally.records,
-            "reasoning_capture_rate": _rate(tally.with_reasoning, tally.records - tally.truncated),
-            "thinking_in_content": tally.leaked,
-            "server_reasoning_disagreements": tally.server_disagrees,
-            # Records whose server text was cross-checked, and where that server put the
-            # thinking: in a reasoning field, or inside `content` (no reasoning parser).
-            "server_texts_checked": tally.server_checked,
-            "server_reasoning_in_field": tally.server_reasoning_in_field,
-            "server_thinking_in_content": tally.server_thinking_in_content,
-            "template_mismatches": tally.template_mismatches,
-            "truncation_rate": tally.truncated / tally.records,
-            "reasoning_token_share": tally.reasoning_tokens / max(1, tally.output_tokens),
-            "sequence_tokens": _percentiles(lengths[source]),
+            if len(self.examples_by_flag[flag]) < 5:
+                self.examples_by_flag[flag].append(example.sample_id)
+
+    def report(self, reasoning_format: ReasoningFormat) -> dict[str, Any]:
+        """Per-source figures a person checks before trusting the data."""
+        per_source = {}
+        for source, tally in sorted(self.sources.items()):
+            per_source[source] = {
+                "records": tally.records,
+                "reasoning_capture_rate": _rate(
+                    tally.with_reasoning, tally.records - tally.truncated
+                ),
+                "thinking_in_content": tally.leaked,
+                "server_reasoning_disagreements": tally.server_disagrees,
+                # Records whose server text was cross-checked, and where that server put the
+                # thinking: in a reasoning field, or inside `content` (no reasoning parser).
+                "server_texts_checked": tally.server_checked,
+                "server_reasoning_in_field": tally.server_reasoning_in_field,
+                "server_thinking_in_content": tally.server_thinking_in_content,
+                "template_mismatches": tally.template_mismatches,
+                "truncation_rate": tally.truncated / tally.records,
+                "reasoning_token_share": tally.reasoning_tokens / max(1, tally.output_tokens),
+                "sequence_tokens": _percentiles(self.lengths[source]),
+            }
+        tallies = self.sources.values()
+        total = sum(t.records for t in tallies)
+        truncated = sum(t.truncated for t in tallies)
+        return {
+            "reasoning_format": reasoning_format.name,
+            "records": total,
+            "reasoning_capture_rate": _rate(
+                sum(t.with_reasoning for t in tallies), total - truncated
+            ),
+            "truncation_rate": truncated / max(1, total),
+            "per_source": per_source,
+            "example_ids_by_flag": dict(self.examples_by_flag),
         }
-    total = len(examples)
-    return {
-        "reasoning_format": reasoning_format.name,
-        "records": total,
-        "reasoning_capture_rate": _rate(
-            sum(t.with_reasoning for t in tallies.values()),
-            total - sum(t.truncated for t in tallies.values()),
-        ),
-        "truncation_rate": sum(t.truncated for t in tallies.values()) / max(1, total),
-        "per_source": per_source,
-        "example_ids_by_flag": dict(examples_by_flag),
-    }
 
 
 def check_quality_gate(
@@ -386,30 +397,27 @@ def write_examples(
     prompt_by_id = {
         p.sample_id: p for path in prompts_paths if path.exists() for p in read_jsonl(path, Prompt)
     }
-    examples, reasoning_tokens, server_checks = [], {}, {}
+    quality = QualityTally()
     with (
         open(out_dir / "examples.jsonl", "w", encoding="utf-8") as out,
         open(out_dir / "template_mismatches.jsonl", "w", encoding="utf-8") as mismatches,
         open(out_dir / "server_disagreements.jsonl", "w", encoding="utf-8") as disagreements,
     ):
         for generation in read_jsonl(generations_path, Generation):
-            example = build_example(generation, tokenizer, reasoning_format, end_ids)
-            server = server_texts(generation.raw, example.reasoning)
-            if server is not None:
-                server_checks[example.sample_id] = server
-                if server.disagrees:
-                    line = server_disagreement_line(example, server)
-                    disagreements.write(json.dumps(line, ensure_ascii=False) + "\n")
+            example, split, server = _build_example(
+                generation, tokenizer, reasoning_format, end_ids
+            )
+            if server is not None and server.disagrees:
+                line = server_disagreement_line(example, server)
+                disagreements.write(json.dumps(line, ensure_ascii=False) + "\n")
             prompt = prompt_by_id[example.sample_id]
             mismatch = template_mismatch(example, prompt, tokenizer, chat_template_kwargs)
             if mismatch is not None:
                 example.flags = sorted({*example.flags, "template_mismatch"})
                 mismatches.write(json.dumps({"sample_id": example.sample_id, **mismatch}) + "\n")
-            split = reasoning_format.split(generation.output_ids, end_ids)
-            reasoning_tokens[example.sample_id] = len(split.ids("reasoning"))
             out.write(record_line(example))
-            examples.append(example)
-    report = quality_report(examples, reasoning_tokens, reasoning_format, server_checks)
+            quality.add(example, len(split.ids("reasoning")), server)
+    report = quality.report(reasoning_format)
     write_json_atomic(out_dir / "quality.json", report)
     return report
 

@@ -66,6 +66,28 @@ class Generation(Record):
     token_exact: bool = True
     raw: dict[str, Any] = {}
 
+    @classmethod
+    def answering(
+        cls,
+        prompt: Prompt,
+        output_ids: list[int],
+        finish_reason: FinishReason,
+        engine: str,
+        token_exact: bool = True,
+        raw: dict[str, Any] | None = None,
+    ) -> Generation:
+        """The record of `prompt` answered with `output_ids`."""
+        return cls(
+            sample_id=prompt.sample_id,
+            source=prompt.source,
+            prompt_ids=prompt.prompt_ids,
+            output_ids=output_ids,
+            finish_reason=finish_reason,
+            engine=engine,
+            token_exact=token_exact,
+            raw=raw or {},
+        )
+
 
 class Example(Record):
     """One training sequence: the prompt and the target's own answer, split and masked."""

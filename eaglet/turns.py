@@ -13,6 +13,7 @@ from the records on disk like any generate run, so a killed run resumes mid-conv
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,7 @@ async def run_turn_by_turn_generation(
     round_prompts = first_turns
     total = None
     failed_ids: set[str] = set()
-    for round_number in range(1, 10_000):
+    for round_number in itertools.count(1):  # ends when no conversation has a turn left
         known.update((p.sample_id, p) for p in round_prompts)
         summary = await run_generation(
             engine,

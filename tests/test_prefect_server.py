@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from tests.conftest import ROOT, small_run_overrides
-from tests.vllm_server import free_port
+from tests.vllm_server import free_port, stop_process_group
 
 pytestmark = pytest.mark.slow
 
@@ -41,13 +41,7 @@ def _start(command: list[str], env: dict, log: Path, cwd: Path = ROOT) -> subpro
 
 def _stop(process: subprocess.Popen) -> None:
     # Prefect workers and runners ignore SIGTERM in some states: SIGINT first, then SIGKILL.
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    stop_process_group(process, signal.SIGINT, grace_s=20)
 
 
 def _wait_for(predicate, timeout: float, what: str):

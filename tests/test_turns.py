@@ -77,6 +77,16 @@ class CountingEngine:
             yield from self.inner.generate([prompt])
 
 
+def three_conversations(model_dir) -> tuple[PipelineConfig, object, list[Prompt]]:
+    """A regenerate="all" config, the target's tokenizer and three first-turn prompts."""
+    tokenizer = load_tokenizer(str(model_dir))
+    config = PipelineConfig.model_validate(
+        {"target": {"model": str(model_dir)}, "tokenize": {"regenerate": "all"}}
+    )
+    first = [render_prompt(three_turn_sample(f"s{i}"), tokenizer, {}, "all") for i in range(3)]
+    return config, tokenizer, first
+
+
 @pytest.fixture(scope="module")
 def local_engine(fixture_model_dir) -> LocalEngine:
     return LocalEngine(str(fixture_model_dir), SamplingParams(max_tokens=160), batch_size=4)
@@ -85,11 +95,7 @@ def local_engine(fixture_model_dir) -> LocalEngine:
 def test_every_turn_is_generated_from_the_targets_own_earlier_answers(
     fixture_model_dir, local_engine, tmp_path
 ):
-    tokenizer = load_tokenizer(str(fixture_model_dir))
-    config = PipelineConfig.model_validate(
-        {"target": {"model": str(fixture_model_dir)}, "tokenize": {"regenerate": "all"}}
-    )
-    first = [render_prompt(three_turn_sample(f"s{i}"), tokenizer, {}, "all") for i in range(3)]
+    config, tokenizer, first = three_conversations(fixture_model_dir)
     engine = CountingEngine(local_engine)
     summary = generate_every_turn(config, engine, tokenizer, first, tmp_path)
 
@@ -133,11 +139,7 @@ def test_every_turn_is_generated_from_the_targets_own_earlier_answers(
 def test_a_run_killed_mid_conversation_resumes_without_sending_a_turn_twice(
     fixture_model_dir, local_engine, tmp_path
 ):
-    tokenizer = load_tokenizer(str(fixture_model_dir))
-    config = PipelineConfig.model_validate(
-        {"target": {"model": str(fixture_model_dir)}, "tokenize": {"regenerate": "all"}}
-    )
-    first = [render_prompt(three_turn_sample(f"s{i}"), tokenizer, {}, "all") for i in range(3)]
+    config, tokenizer, first = three_conversations(fixture_model_dir)
     dying = CountingEngine(local_engine, limit=4)  # all first turns, one second turn
     with pytest.raises(RuntimeError, match="killed"):
         generate_every_turn(config, dying, tokenizer, first, tmp_path)

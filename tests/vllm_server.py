@@ -32,6 +32,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def stop_process_group(process: subprocess.Popen, first: signal.Signals, grace_s: float) -> None:
+    """Signal a process started with `start_new_session=True` and its children; SIGKILL them
+    if they are still there after `grace_s`."""
+    if process.poll() is None:
+        os.killpg(process.pid, first)
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
 @contextmanager
 def vllm_server(model_dir: Path, log_path: Path, extra_args: list[str] = (), timeout: float = 240):
     python = vllm_python()
@@ -65,11 +77,5 @@ def vllm_server(model_dir: Path, log_path: Path, extra_args: list[str] = (), tim
             time.sleep(1)
         yield base_url
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_process_group(process, signal.SIGTERM, grace_s=30)
         log.close()

@@ -79,16 +79,7 @@ class LocalEngine:
         for row, prompt in enumerate(batch):
             new_ids = output[row, width:].tolist()
             output_ids, finish_reason = _cut_at_end(new_ids, self.eos_ids, self.pad_id)
-            records.append(
-                Generation(
-                    sample_id=prompt.sample_id,
-                    source=prompt.source,
-                    prompt_ids=prompt.prompt_ids,
-                    output_ids=output_ids,
-                    finish_reason=finish_reason,
-                    engine=self.name,
-                )
-            )
+            records.append(Generation.answering(prompt, output_ids, finish_reason, self.name))
         return records
 
 

@@ -183,13 +183,6 @@ class OpenAIChatEngine(HTTPEngine):
                 output_ids.append(stop_token)
             raw["rebuilt_from_text"] = True
             token_exact = False
-        return Generation(
-            sample_id=prompt.sample_id,
-            source=prompt.source,
-            prompt_ids=prompt.prompt_ids,
-            output_ids=output_ids,
-            finish_reason=finish_reason,
-            engine=self.name,
-            token_exact=token_exact,
-            raw=raw,
+        return Generation.answering(
+            prompt, output_ids, finish_reason, self.name, token_exact=token_exact, raw=raw
         )

@@ -75,13 +75,4 @@ class SGLangEngine(HTTPEngine):
             raw["prompt_ids_mismatch"] = True
         if ids != output_ids:
             raw["end_token_appended"] = True
-        return Generation(
-            sample_id=prompt.sample_id,
-            source=prompt.source,
-            prompt_ids=prompt.prompt_ids,
-            output_ids=ids,
-            finish_reason=kind,
-            engine=self.name,
-            token_exact=not mismatch,
-            raw=raw,
-        )
+        return Generation.answering(prompt, ids, kind, self.name, token_exact=not mismatch, raw=raw)

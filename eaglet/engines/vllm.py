@@ -88,13 +88,6 @@ class VLLMEngine(HTTPEngine):
         }
         if output_ids != token_ids:
             raw["end_token_appended"] = True
-        return Generation(
-            sample_id=prompt.sample_id,
-            source=prompt.source,
-            prompt_ids=prompt.prompt_ids,
-            output_ids=output_ids,
-            finish_reason=finish_reason,
-            engine=self.name,
-            token_exact=not mismatch,
-            raw=raw,
+        return Generation.answering(
+            prompt, output_ids, finish_reason, self.name, token_exact=not mismatch, raw=raw
         )
