@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from eaglet.config import PipelineConfig  # noqa: E402
 from eaglet.engines.vllm import VLLMEngine  # noqa: E402
 from eaglet.generation import run_generation  # noqa: E402
-from eaglet.records import Prompt  # noqa: E402
+from eaglet.records.prompts import Prompt  # noqa: E402
 
 # --- prompts --------------------------------------------------------------------------
 

@@ -20,20 +20,20 @@ from eaglet.storage import Manifest, canonical_json, sha256_file
 # The modules whose source decides each stage's output. Editing any of them re-runs the stage
 # and, through the upstream hashes, every stage after it; editing none re-runs nothing.
 STAGE_MODULES: dict[str, tuple[str, ...]] = {
-    "download": ("eaglet.datasets", "eaglet.records", "tasks.download"),
-    "tokenize": ("eaglet.prompts", "eaglet.records", "tasks.tokenize"),
-    "generate": ("eaglet.engines.base", "eaglet.generation", "eaglet.records", "tasks.generate"),
-    "extract": ("eaglet.reasoning", "eaglet.extract", "eaglet.records", "tasks.extract"),
-    "hidden_states": ("eaglet.hidden_states", "eaglet.records", "tasks.hidden_states"),
+    "download": ("eaglet.datasets", "tasks.download"),
+    "tokenize": ("eaglet.prompts", "tasks.tokenize"),
+    "generate": ("eaglet.engines.base", "eaglet.generation", "tasks.generate"),
+    "extract": ("eaglet.reasoning", "eaglet.extract", "tasks.extract"),
+    "hidden_states": ("eaglet.hidden_states.hf", "tasks.hidden_states"),
     "train": (
-        "eaglet.train",
+        "eaglet.draft.train",
         "eaglet.draft.model",
         "eaglet.draft.vocab",
         "eaglet.draft.checkpoint",
         "eaglet.split",
         "tasks.train",
     ),
-    "evaluate": ("eaglet.evaluate", "eaglet.draft.model", "eaglet.split", "tasks.evaluate"),
+    "evaluate": ("eaglet.draft.evaluate", "eaglet.draft.model", "eaglet.split", "tasks.evaluate"),
 }
 
 # The generate stage also hashes the modules of the engine it runs, and only those: a fix to

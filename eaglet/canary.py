@@ -27,7 +27,8 @@ from eaglet.engines.http import HTTPEngine, make_http_engine, server_message
 from eaglet.extract import LEAKED_THINKING, server_reasoning_text
 from eaglet.generation import Failure, run_sync
 from eaglet.reasoning import THINK_CLOSE, detect_format
-from eaglet.records import Generation, Prompt
+from eaglet.records.generations import Generation
+from eaglet.records.prompts import Prompt
 
 REACH_TIMEOUT_S = 10.0
 PARSER_HINT = (

@@ -208,7 +208,8 @@ def show_sample(report: dict[str, Any], sample_id: str) -> int:
     from eaglet.extract import render_loss_mask
     from eaglet.prompts import end_token_ids, load_tokenizer
     from eaglet.reasoning import detect_format
-    from eaglet.records import Example, read_jsonl
+    from eaglet.records.examples import Example
+    from eaglet.records.io import read_jsonl
 
     extract = report["stages"]["extract"]
     if extract["status"] != "complete":

@@ -54,6 +54,11 @@ class TargetConfig(_Strict):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Dtype the embedded engine and feature extraction load the model in."
     )
+    device: str = Field(
+        "auto",
+        description="Device the stages that run the target in-process load it on: auto = the "
+        "first CUDA GPU when there is one, else cpu; or cpu, cuda, cuda:1, ...",
+    )
 
 
 class TokenizeConfig(_Strict):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglet.config import DatasetSpec
-from eaglet.records import Sample
+from eaglet.records.samples import Sample
 from eaglet.storage import canonical_json
 
 SHAREGPT_ROLES = {

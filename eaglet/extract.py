@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from eaglet.reasoning import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ReasoningFormat, ReasoningSplit
-from eaglet.records import Example, Generation, Prompt, read_jsonl, record_line
+from eaglet.records.examples import Example
+from eaglet.records.generations import Generation
+from eaglet.records.io import read_jsonl, record_line
+from eaglet.records.prompts import Prompt
 from eaglet.storage import write_json_atomic
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from eaglet.records import Generation, Prompt, Record, record_line, repair_and_read_ids
+from eaglet.records.generations import Generation
+from eaglet.records.io import Record, record_line, repair_and_read_ids
+from eaglet.records.prompts import Prompt
 
 T = TypeVar("T")
 

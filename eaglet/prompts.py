@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from eaglet.records import Prompt, Sample
+from eaglet.records.prompts import Prompt
+from eaglet.records.samples import Sample
 
 
 class PromptError(ValueError):

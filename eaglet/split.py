@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from eaglet.records import conversation_id
+from eaglet.records.prompts import conversation_id
 
 
 def is_heldout(sample_id: str, fraction: float) -> bool:

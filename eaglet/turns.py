@@ -28,14 +28,9 @@ from eaglet.generation import (
 )
 from eaglet.prompts import end_token_ids
 from eaglet.reasoning import ReasoningFormat, detect_format
-from eaglet.records import (
-    TURN_SEPARATOR,
-    Generation,
-    Prompt,
-    conversation_id,
-    read_jsonl,
-    write_jsonl,
-)
+from eaglet.records.generations import Generation
+from eaglet.records.io import read_jsonl, write_jsonl
+from eaglet.records.prompts import TURN_SEPARATOR, Prompt, conversation_id
 
 # Parts of a split that are the answer the next turn's template renders as `content`.
 ANSWER_PARTS = ("content", "tool_call")

@@ -8,7 +8,7 @@ from prefect import get_run_logger, task
 
 from eaglet.config import PipelineConfig
 from eaglet.datasets import read_samples
-from eaglet.records import record_line
+from eaglet.records.io import record_line
 from eaglet.storage import StageOutput
 from tasks.caching import StageCache, report_stage_failure, run_stage_task
 

@@ -9,9 +9,10 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from eaglet.config import PipelineConfig
-from eaglet.evaluate import evaluate_draft, plot_acceptance
+from eaglet.draft.evaluate import evaluate_draft, plot_acceptance
 from eaglet.prompts import end_token_ids, load_tokenizer
-from eaglet.records import Prompt, read_jsonl
+from eaglet.records.io import read_jsonl
+from eaglet.records.prompts import Prompt
 from eaglet.split import is_heldout
 from eaglet.storage import StageOutput, write_json_atomic
 from tasks.caching import StageCache, report_stage_failure, run_stage_task

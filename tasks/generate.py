@@ -28,7 +28,8 @@ from eaglet.generation import (
     run_generation_sync,
 )
 from eaglet.prompts import load_tokenizer
-from eaglet.records import Prompt, read_jsonl
+from eaglet.records.io import read_jsonl
+from eaglet.records.prompts import Prompt
 from eaglet.storage import Manifest, StageOutput
 from eaglet.turns import generate_every_turn
 from tasks.caching import StageCache, report_stage_failure, run_stage_task

@@ -7,8 +7,9 @@ from pathlib import Path
 from prefect import get_run_logger, task
 
 from eaglet.config import PipelineConfig
-from eaglet.hidden_states import extract_hidden_states
-from eaglet.records import Example, read_jsonl
+from eaglet.hidden_states.hf import extract_hidden_states
+from eaglet.records.examples import Example
+from eaglet.records.io import read_jsonl
 from eaglet.storage import StageOutput
 from tasks.caching import StageCache, report_stage_failure, run_stage_task
 

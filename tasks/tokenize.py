@@ -9,7 +9,8 @@ from prefect import get_run_logger, task
 
 from eaglet.config import PipelineConfig
 from eaglet.prompts import PromptError, load_tokenizer, render_prompt
-from eaglet.records import Sample, read_jsonl, record_line
+from eaglet.records.io import read_jsonl, record_line
+from eaglet.records.samples import Sample
 from eaglet.storage import StageOutput
 from tasks.caching import StageCache, report_stage_failure, run_stage_task
 

@@ -18,9 +18,9 @@ from prefect.artifacts import (
 )
 
 from eaglet.config import PipelineConfig
+from eaglet.draft.train import TrainSettings, train_draft
 from eaglet.split import is_heldout
 from eaglet.storage import StageOutput
-from eaglet.train import TrainSettings, train_draft
 from tasks.caching import StageCache, report_stage_failure, run_stage_task
 
 

@@ -13,8 +13,8 @@ from eaglet.draft.checkpoint import (
     save_training_state,
 )
 from eaglet.draft.model import Eagle3Config, Eagle3Draft, ttt_attention_mask
+from eaglet.draft.train import target_labels, ttt_loss, ttt_unroll
 from eaglet.draft.vocab import DraftVocab, build_draft_vocab, count_tokens
-from eaglet.train import target_labels, ttt_loss, ttt_unroll
 
 H, V, VD = 32, 50, 20
 

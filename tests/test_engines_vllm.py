@@ -29,7 +29,9 @@ from eaglet.extract import server_reasoning_text
 from eaglet.generation import run_generation_sync
 from eaglet.prompts import load_tokenizer
 from eaglet.reasoning import detect_format
-from eaglet.records import Generation, Prompt, read_jsonl, repair_and_read_ids, write_jsonl
+from eaglet.records.generations import Generation
+from eaglet.records.io import read_jsonl, repair_and_read_ids, write_jsonl
+from eaglet.records.prompts import Prompt
 from tests.vllm_server import ROOT, vllm_python, vllm_server
 
 pytestmark = [
@@ -196,7 +198,8 @@ from eaglet.config import PipelineConfig
 from eaglet.engines.http import make_http_engine
 from eaglet.generation import run_generation_sync
 from eaglet.prompts import load_tokenizer
-from eaglet.records import Prompt, read_jsonl
+from eaglet.records.io import read_jsonl
+from eaglet.records.prompts import Prompt
 
 config_json, prompts_path, out, failed = sys.argv[1:5]
 config = PipelineConfig.model_validate_json(config_json)

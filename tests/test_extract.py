@@ -10,6 +10,7 @@ import json
 
 import torch
 
+from eaglet.draft.train import shift_left
 from eaglet.extract import (
     _SPAN_STYLE,
     SERVER_TEXT_SHOWN,
@@ -21,8 +22,10 @@ from eaglet.extract import (
 )
 from eaglet.prompts import load_tokenizer
 from eaglet.reasoning import FORMATS, detect_format
-from eaglet.records import Example, Generation, Prompt, read_jsonl, write_jsonl
-from eaglet.train import shift_left
+from eaglet.records.examples import Example
+from eaglet.records.generations import Generation
+from eaglet.records.io import read_jsonl, write_jsonl
+from eaglet.records.prompts import Prompt
 from tests.test_reasoning_golden import qwen3_tokenizer
 
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]

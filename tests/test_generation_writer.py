@@ -22,7 +22,9 @@ from eaglet.generation import (
     run_generation,
     run_generation_sync,
 )
-from eaglet.records import Generation, Prompt, read_jsonl, repair_and_read_ids, write_jsonl
+from eaglet.records.generations import Generation
+from eaglet.records.io import read_jsonl, repair_and_read_ids, write_jsonl
+from eaglet.records.prompts import Prompt
 from tests.fake_servers import EOS_ID, FakeServer, serve
 from tests.test_http_engines import TOKENIZER, make_config, make_prompt
 
@@ -163,7 +165,8 @@ from pathlib import Path
 from eaglet.config import PipelineConfig
 from eaglet.engines.vllm import VLLMEngine
 from eaglet.generation import run_generation_sync
-from eaglet.records import Prompt, read_jsonl
+from eaglet.records.io import read_jsonl
+from eaglet.records.prompts import Prompt
 
 url, prompts_path, out, failed = sys.argv[1:5]
 config = PipelineConfig.model_validate(

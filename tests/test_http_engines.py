@@ -20,7 +20,8 @@ from eaglet.engines.openai_chat import OpenAIChatEngine
 from eaglet.engines.sglang import SGLangEngine
 from eaglet.engines.vllm import VLLMEngine
 from eaglet.generation import Failure
-from eaglet.records import Generation, Prompt
+from eaglet.records.generations import Generation
+from eaglet.records.prompts import Prompt
 from tests.fake_servers import EOS_ID, FakeServer, ToyTokenizer, free_port, serve
 
 TOKENIZER = ToyTokenizer()

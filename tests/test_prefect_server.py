@@ -278,7 +278,9 @@ def test_a_run_cancelled_mid_generation_resumes_without_resending_finished_sampl
     same run again: it resumes the partial folder, and the server is sent only the samples
     that were not written before the cancel (after the canary's probe requests)."""
     from eaglet.prompts import load_tokenizer
-    from eaglet.records import Generation, Prompt, read_jsonl
+    from eaglet.records.generations import Generation
+    from eaglet.records.io import read_jsonl
+    from eaglet.records.prompts import Prompt
     from tests.fake_servers import FakeServer, serve
 
     server = FakeServer(load_tokenizer(str(fixture_model_dir)), delay_s=0.5)

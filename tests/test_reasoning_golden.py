@@ -27,7 +27,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from eaglet.extract import build_example, render_loss_mask, template_mismatch
 from eaglet.reasoning import Harmony, NoReasoning, ThinkInOutput, ThinkOpenInPrompt, detect_format
-from eaglet.records import Generation, Prompt
+from eaglet.records.generations import Generation
+from eaglet.records.prompts import Prompt
 
 # OpenAI's published sha256 of o200k_base.tiktoken (pinned in tiktoken_ext/openai_public.py).
 O200K_BASE_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"

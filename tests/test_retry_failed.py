@@ -10,7 +10,8 @@ import pytest
 
 from eaglet.generation import Failure
 from eaglet.prompts import load_tokenizer
-from eaglet.records import Generation, read_jsonl
+from eaglet.records.generations import Generation
+from eaglet.records.io import read_jsonl
 from tests.conftest import run_cli, write_http_run_config
 from tests.fake_servers import FakeServer, serve
 

@@ -8,7 +8,7 @@ import pytest
 
 from eaglet import cache
 from eaglet.config import load_config
-from eaglet.records import repair_and_read_ids
+from eaglet.records.io import repair_and_read_ids
 from eaglet.storage import StageOutput, read_manifest, run_stage
 
 

@@ -15,14 +15,14 @@ from safetensors.torch import load_file, save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from eaglet.draft.checkpoint import load_draft
-from eaglet.evaluate import (
+from eaglet.draft.evaluate import (
     evaluate_draft,
     load_target,
     plot_acceptance,
     propose,
     target_forward,
 )
-from eaglet.train import HiddenStatesData, TrainSettings, train_draft, ttt_unroll
+from eaglet.draft.train import HiddenStatesData, TrainSettings, train_draft, ttt_unroll
 
 HIDDEN, VOCAB, LAYERS, PROMPT_LEN, ANSWER_LEN = 64, 300, 6, 12, 40
 AUX_IDS = [1, 3, 5]  # HF hidden_states indices (vLLM convention)

@@ -13,7 +13,11 @@ from eaglet.engines.local import LocalEngine
 from eaglet.extract import write_examples
 from eaglet.prompts import PromptError, end_token_ids, load_tokenizer, render_prompt
 from eaglet.reasoning import detect_format
-from eaglet.records import Example, Generation, Prompt, Sample, read_jsonl, write_jsonl
+from eaglet.records.examples import Example
+from eaglet.records.generations import Generation
+from eaglet.records.io import read_jsonl, write_jsonl
+from eaglet.records.prompts import Prompt
+from eaglet.records.samples import Sample
 from eaglet.split import is_heldout
 from eaglet.turns import assistant_message, generate_every_turn
 

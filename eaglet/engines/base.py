@@ -6,7 +6,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from eaglet.records import Generation, Prompt
+from eaglet.records.generations import Generation
+from eaglet.records.prompts import Prompt
 
 
 @dataclass(frozen=True)

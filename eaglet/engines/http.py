@@ -42,7 +42,8 @@ from typing import Any, ClassVar, TypeVar
 
 from eaglet.config import PipelineConfig
 from eaglet.generation import Failure
-from eaglet.records import Generation, Prompt
+from eaglet.records.generations import Generation
+from eaglet.records.prompts import Prompt
 
 logger = logging.getLogger("eaglet.engines.http")
 

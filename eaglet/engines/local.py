@@ -12,7 +12,8 @@ import torch
 
 from eaglet.engines.base import SamplingParams
 from eaglet.prompts import end_token_ids
-from eaglet.records import Generation, Prompt
+from eaglet.records.generations import Generation
+from eaglet.records.prompts import Prompt
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -36,7 +36,8 @@ from eaglet.reasoning import (
     ThinkInOutput,
     detect_format,
 )
-from eaglet.records import Generation, Prompt
+from eaglet.records.generations import Generation
+from eaglet.records.prompts import Prompt
 
 TEXT_FIELDS = ("content", "reasoning", "reasoning_content", "tool_calls")
 FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop"}

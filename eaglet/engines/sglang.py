@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from eaglet.engines.http import HTTPEngine, MalformedResponse, RetryableResponse, int_list
-from eaglet.records import Generation, Prompt
+from eaglet.records.generations import Generation
+from eaglet.records.prompts import Prompt
 
 
 @dataclass

@@ -23,7 +23,8 @@ from eaglet.engines.http import (
     int_list,
     prompt_ids_check,
 )
-from eaglet.records import Generation, Prompt
+from eaglet.records.generations import Generation
+from eaglet.records.prompts import Prompt
 
 
 def check_finish_reason(value: Any) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from eaglet.records import Example
+from eaglet.records.examples import Example
 
 AUX_LAYER_CONVENTION = "vllm: id i = HF hidden_states[i] = input of decoder layer i"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

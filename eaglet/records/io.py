@@ -1,4 +1,5 @@
-"""The records every stage reads and writes, defined once, and their JSONL files.
+"""JSONL record files: the record base class, reading with file:line errors, writing, and the
+repair of an append-only file after a crash.
 
 Records are pydantic models so a malformed line is an error that names the file, the line and
 the sample id instead of a KeyError three stages later.
@@ -10,97 +11,13 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
-
-FinishReason = Literal["stop", "length", "error"]
 
 
 class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class Sample(Record):
-    """One conversation from a dataset, normalised to OpenAI-style messages."""
-
-    sample_id: str
-    source: str
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
-
-
-# Sample ids of the later turns of a conversation regenerated turn by turn: `<id>#turn<k>`.
-TURN_SEPARATOR = "#turn"
-
-
-def conversation_id(sample_id: str) -> str:
-    """The conversation a (turn) record belongs to."""
-    return sample_id.split(TURN_SEPARATOR, 1)[0]
-
-
-class Prompt(Record):
-    """The chat-templated prompt the target answers: everything before the regenerated turn."""
-
-    sample_id: str
-    source: str
-    prompt_ids: list[int]
-    prompt_text: str
-    # The conversation the prompt renders, for engines that take messages (openai).
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
-    # tokenize.regenerate="all": the dataset's user/tool messages after each later assistant
-    # turn, one list per turn still to regenerate (see eaglet/turns.py).
-    followups: list[list[dict[str, Any]]] = []
-
-
-class Generation(Record):
-    """What the target produced for one prompt, token-exact where the engine allows."""
-
-    sample_id: str
-    source: str
-    prompt_ids: list[int]
-    output_ids: list[int]
-    finish_reason: FinishReason
-    engine: str
-    token_exact: bool = True
-    raw: dict[str, Any] = {}
-
-    @classmethod
-    def answering(
-        cls,
-        prompt: Prompt,
-        output_ids: list[int],
-        finish_reason: FinishReason,
-        engine: str,
-        token_exact: bool = True,
-        raw: dict[str, Any] | None = None,
-    ) -> Generation:
-        """The record of `prompt` answered with `output_ids`."""
-        return cls(
-            sample_id=prompt.sample_id,
-            source=prompt.source,
-            prompt_ids=prompt.prompt_ids,
-            output_ids=output_ids,
-            finish_reason=finish_reason,
-            engine=engine,
-            token_exact=token_exact,
-            raw=raw or {},
-        )
-
-
-class Example(Record):
-    """One training sequence: the prompt and the target's own answer, split and masked."""
-
-    sample_id: str
-    source: str
-    reasoning: str
-    content: str
-    tool_calls: list[dict[str, Any]] = []
-    input_ids: list[int]
-    loss_mask: list[int]
-    finish_reason: FinishReason
-    flags: list[str] = []
 
 
 R = TypeVar("R", bound=Record)
@@ -145,11 +62,6 @@ def write_jsonl(path: Path, records: Iterable[Record]) -> int:
         handle.flush()
         os.fsync(handle.fileno())
     return count
-
-
-def count_lines(path: Path) -> int:
-    with open(path, "rb") as handle:
-        return sum(1 for line in handle if line.strip())
 
 
 def repair_and_read_ids(path: Path) -> set[str]:

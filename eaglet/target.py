@@ -1,0 +1,63 @@
+"""The target model, loaded one way everywhere: its tokenizer, its config, the model itself.
+
+Every stage that touches the target goes through these functions with the run's
+`TargetConfig`, so `revision`, `trust_remote_code`, `dtype` and `device` reach all of them
+(and remote code runs only when the config says so).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from eaglet.config import TargetConfig
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def resolve_device(device: str) -> str:
+    """`auto` = the first CUDA device when there is one, else the CPU."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def load_tokenizer(target: TargetConfig):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(
+        target.model, trust_remote_code=target.trust_remote_code, revision=target.revision
+    )
+
+
+def load_config(target: TargetConfig):
+    """The target's transformers config (its text config for multimodal models)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(
+        target.model, trust_remote_code=target.trust_remote_code, revision=target.revision
+    )
+    return config.get_text_config()
+
+
+def load_model(target: TargetConfig, device: str | None = None, **kwargs: Any):
+    """The target as an `AutoModelForCausalLM` in eval mode, in `target.dtype`, on `device`
+    (default: `target.device`). Extra keyword arguments go to `from_pretrained` (for example
+    `device_map="auto"` for a model larger than one GPU)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        target.model,
+        dtype=DTYPES[target.dtype],
+        trust_remote_code=target.trust_remote_code,
+        revision=target.revision,
+        **kwargs,
+    ).eval()
+    if "device_map" not in kwargs:
+        model = model.to(resolve_device(device or target.device))
+    return model
