@@ -207,3 +207,40 @@ def test_sigkill_mid_run_then_resume_sends_nothing_twice(tmp_path):
     assert set(counts) == {p.sample_id for p in prompts}
     assert max(counts.values()) == 1, "a sample was written twice"
     assert summary.already_done == len(finished) and summary.failed == 0
+
+
+def test_a_bad_line_in_the_middle_is_set_aside_and_every_later_record_kept(fake, tmp_path):
+    """Issue 13: resume's repair used to truncate at the first unreadable line, deleting every
+    record after it. Only a torn last line may be cut; a bad middle line is moved, with its
+    line number, to generations.rejected-lines.jsonl and the records after it stay."""
+    prompts = [make_prompt(i) for i in range(10)]
+    out, failed = tmp_path / "generations.jsonl", tmp_path / "failed.jsonl"
+    run_generation_sync(engine(fake.url), prompts, out, failed)
+    lines = out.read_bytes().splitlines(keepends=True)
+    victim = json.loads(lines[3])["sample_id"]
+    bad_json = b'{"sample_id": "x", "output_ids": [1, 2\n'
+    bad_utf8, no_id = b"\xff\xfe{}\n", b"{}\n"
+    damaged = lines[:3] + [bad_json] + lines[4:6] + [bad_utf8, no_id] + lines[6:]
+    out.write_bytes(b"".join(damaged) + b'{"sample_id": "torn", "outp')  # + a torn last line
+    sent_before = len(fake.log)
+    summary = run_generation_sync(engine(fake.url), prompts, out, failed)
+    # Only the sample whose line was damaged is generated again: nine records survived.
+    assert sample_ids_sent(fake, prompts, since=sent_before) == [victim]
+    assert summary.already_done == 9
+    assert Counter(written_ids(out)) == Counter(p.sample_id for p in prompts)
+    rejected = [json.loads(x) for x in (tmp_path / "generations.rejected-lines.jsonl").open()]
+    assert [r["line"] for r in rejected] == [4, 7, 8]
+    assert all(r["file"] == "generations.jsonl" and r["why"] for r in rejected)
+    # The set-aside text is the original bytes (bad UTF-8 included), not a lossy copy.
+    restored = [r["text"].encode("utf-8", "surrogateescape") + b"\n" for r in rejected]
+    assert restored == [bad_json, bad_utf8, no_id]
+    assert "torn" not in out.read_text()
+
+
+def test_repair_keeps_a_clean_file_byte_for_byte(tmp_path):
+    path = tmp_path / "generations.jsonl"
+    content = b'{"sample_id": "a"}\n\n{"sample_id": "b"}\n'
+    path.write_bytes(content)
+    assert repair_and_read_ids(path) == {"a", "b"}
+    assert path.read_bytes() == content
+    assert not (tmp_path / "generations.rejected-lines.jsonl").exists()

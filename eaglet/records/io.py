@@ -8,8 +8,10 @@ the sample id instead of a KeyError three stages later.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -64,26 +66,109 @@ def write_jsonl(path: Path, records: Iterable[Record]) -> int:
     return count
 
 
-def repair_and_read_ids(path: Path) -> set[str]:
-    """Ids already written to an append-only JSONL file; a torn last line is cut off.
+REJECTED_LINES_SUFFIX = ".rejected-lines.jsonl"
 
-    A process killed mid-write leaves at most one partial line at the end. It is removed so
-    the next append starts on a clean line, and its sample is generated again.
+log = logging.getLogger("eaglet.records")
+
+
+@dataclass
+class Repair:
+    """What `repair_jsonl` found: the ids of readable records, the bytes of a torn last line
+    that were cut, and the unreadable lines set aside (their 1-based line numbers)."""
+
+    ids: set[str] = field(default_factory=set)
+    cut_bytes: int = 0
+    set_aside: list[int] = field(default_factory=list)
+    rejected_path: Path | None = None
+
+
+def rejected_lines_path(path: Path) -> Path:
+    """`generations.jsonl` -> `generations.rejected-lines.jsonl`, beside it."""
+    path = Path(path)
+    return path.with_name(path.name.removesuffix(".jsonl") + REJECTED_LINES_SUFFIX)
+
+
+def _line_problem(line: bytes) -> tuple[str | None, str | None]:
+    """(sample_id, None) for a readable record line, (None, why) otherwise."""
+    try:
+        data = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, f"not valid JSON ({exc})"
+    if not isinstance(data, dict) or not isinstance(data.get("sample_id"), str):
+        return None, "no string sample_id"
+    return data["sample_id"], None
+
+
+def repair_jsonl(path: Path) -> Repair:
+    """Make an append-only JSONL file safe to append to after a crash, losing nothing.
+
+    A process killed mid-write leaves at most one partial line at the end (no trailing
+    newline): that line is cut so the next append starts on a clean line, and its sample is
+    generated again. Any other unreadable line (bad JSON, bad UTF-8, no `sample_id`) is not
+    a crash's trace: it is moved, with its line number and the reason, to
+    `<name>.rejected-lines.jsonl` beside the file, logged, and every record after it is kept.
     """
+    path = Path(path)
+    repair = Repair()
     if not path.exists():
-        return set()
-    ids: set[str] = set()
+        return repair
+    size = path.stat().st_size
     good_bytes = 0
+    bad: dict[int, str] = {}
     with open(path, "rb") as handle:
-        for line in handle:
-            try:
-                if not line.endswith(b"\n"):
-                    raise ValueError("torn line")
-                ids.add(json.loads(line)["sample_id"])
-            except (ValueError, KeyError):
+        for line_number, line in enumerate(handle, start=1):
+            if not line.endswith(b"\n"):  # only ever the last line
+                repair.cut_bytes = len(line)
                 break
             good_bytes += len(line)
-    if good_bytes != path.stat().st_size:
+            if not line.strip():
+                continue
+            sample_id, why = _line_problem(line)
+            if sample_id is None:
+                bad[line_number] = why or "unreadable"
+            else:
+                repair.ids.add(sample_id)
+    if bad:
+        repair.rejected_path = rejected_lines_path(path)
+        repair.set_aside = sorted(bad)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.repair")
+        with (
+            open(path, "rb") as source,
+            open(tmp, "wb") as kept,
+            open(repair.rejected_path, "a", encoding="utf-8") as rejected,
+        ):
+            for line_number, line in enumerate(source, start=1):
+                if not line.endswith(b"\n"):
+                    break
+                if line_number in bad:
+                    text = line[:-1].decode("utf-8", errors="surrogateescape")
+                    entry = {"file": path.name, "line": line_number, "why": bad[line_number]}
+                    rejected.write(json.dumps({**entry, "text": text}) + "\n")
+                else:
+                    kept.write(line)
+            rejected.flush()
+            os.fsync(rejected.fileno())
+            kept.flush()
+            os.fsync(kept.fileno())
+        os.replace(tmp, path)
+        log.warning(
+            "%s: %d unreadable line(s) (line %s) set aside in %s; the %d records around them "
+            "are kept and those samples will be generated again",
+            path,
+            len(bad),
+            ", ".join(str(n) for n in repair.set_aside[:10]),
+            repair.rejected_path,
+            len(repair.ids),
+        )
+    elif good_bytes != size:
         with open(path, "r+b") as handle:
             handle.truncate(good_bytes)
-    return ids
+    if repair.cut_bytes:
+        log.info("%s: cut a torn last line of %d bytes (a write cut short)", path, repair.cut_bytes)
+    return repair
+
+
+def repair_and_read_ids(path: Path) -> set[str]:
+    """Ids already written to an append-only JSONL file, after `repair_jsonl`: a torn last
+    line is cut, any other unreadable line is set aside in `<name>.rejected-lines.jsonl`."""
+    return repair_jsonl(path).ids
