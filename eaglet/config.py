@@ -139,6 +139,29 @@ class GenerationConfig(_Strict):
         description="Real requests the preflight canary (eaglet doctor, and the generate stage "
         "before its run) sends to check the server's answers.",
     )
+    canary_timeout_s: float = Field(
+        45.0,
+        gt=0.0,
+        le=3600.0,
+        description="The canary's whole budget in seconds: health checks and its requests "
+        "(each also capped by request_timeout_s) end by then, so a server that accepts "
+        "connections and never answers fails the canary within this time (HTTP engines).",
+    )
+    canary_max_tokens: int = Field(
+        512,
+        ge=16,
+        le=1_000_000,
+        description="Output tokens per canary request: min(max_tokens, this). Answers cut "
+        "here are not judged on their closing tag; raise it for a model that thinks long "
+        "(and canary_timeout_s with it) (HTTP engines).",
+    )
+    canary_accept_text_only: bool = Field(
+        False,
+        description="Let the canary pass a server that returns text but no token ids (openai "
+        "engine): records are then rebuilt from text and re-tokenized, not token-exact. Off: "
+        "most canary answers without ids fail the canary (HTTP engines).",
+    )
+
 
     @model_validator(mode="after")
     def _one_key_source(self) -> GenerationConfig:
