@@ -9,22 +9,19 @@ dataset has between later assistant turns travel along as `followups` (eaglet/tu
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+from eaglet.config import TokenizeConfig
+from eaglet.errors import PermanentError
+from eaglet.records.io import read_jsonl, record_line
 from eaglet.records.prompts import Prompt
 from eaglet.records.samples import Sample
 
 
-class PromptError(ValueError):
+class PromptError(PermanentError, ValueError):
     """A sample that cannot be turned into a prompt; the message names the sample."""
-
-
-def load_tokenizer(model: str, trust_remote_code: bool = False, revision: str | None = None):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(
-        model, trust_remote_code=trust_remote_code, revision=revision
-    )
 
 
 def conversation_before_last_answer(sample: Sample) -> list[dict[str, Any]]:
@@ -90,16 +87,74 @@ def render_prompt(
     )
 
 
-def end_token_ids(model: str, tokenizer, revision: str | None = None) -> list[int]:
-    """Token ids that end the target's turn: its generation config's eos ids, else the
-    tokenizer's eos token."""
-    from transformers import GenerationConfig
+def context_length(model_config: Any) -> int | None:
+    """The longest sequence the target takes (`max_position_embeddings` and its aliases in a
+    transformers config), or None when the config names none."""
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(model_config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
-    try:
-        configured = GenerationConfig.from_pretrained(model, revision=revision).eos_token_id
-    except OSError:  # no generation_config.json
-        configured = None
-    if configured is None:
-        configured = tokenizer.eos_token_id
-    ids = configured if isinstance(configured, list) else [configured]
-    return [int(i) for i in ids if i is not None]
+
+def length_problem(
+    prompt: Prompt, max_prompt_tokens: int, context: int | None
+) -> tuple[str, str] | None:
+    """(kind, why) when the prompt must not be generated: it leaves no room for one output
+    token in the model's context (it would be cut or answered from garbage positions), or it
+    is over `tokenize.max_prompt_tokens`; None when it fits."""
+    tokens = len(prompt.prompt_ids)
+    if context is not None and tokens >= context:
+        return (
+            "over_context",
+            f"sample {prompt.sample_id} ({prompt.source}): the prompt has {tokens} tokens, the "
+            f"model's context is {context} (max_position_embeddings): nothing could be generated",
+        )
+    if tokens > max_prompt_tokens:
+        return (
+            "too_long",
+            f"sample {prompt.sample_id} ({prompt.source}): the prompt has {tokens} tokens, over "
+            f"tokenize.max_prompt_tokens={max_prompt_tokens}",
+        )
+    return None
+
+
+def write_prompts(
+    samples_path: Path,
+    folder: Path,
+    tokenizer: Any,
+    tokenize: TokenizeConfig,
+    context: int | None,
+) -> tuple[dict[str, int], str | None]:
+    """The tokenize stage's body: each sample's prompt to `folder/prompts.jsonl`; each sample
+    that cannot be templated or does not fit, with its kind and reason, to `rejected.jsonl`.
+    Returns the manifest counts and a warning to log (None when nothing was left out)."""
+    counts = {"records": 0, "rejected": 0, "too_long": 0, "over_context": 0}
+    with (
+        open(folder / "prompts.jsonl", "w", encoding="utf-8") as out,
+        open(folder / "rejected.jsonl", "w", encoding="utf-8") as rejects,
+    ):
+        for sample in read_jsonl(samples_path, Sample):
+            try:
+                prompt = render_prompt(
+                    sample, tokenizer, tokenize.chat_template_kwargs, tokenize.regenerate
+                )
+            except PromptError as exc:
+                problem: tuple[str, str] | None = ("template", str(exc))
+            else:
+                problem = length_problem(prompt, tokenize.max_prompt_tokens, context)
+            if problem is not None:
+                counts["rejected" if problem[0] == "template" else problem[0]] += 1
+                entry = {"sample_id": sample.sample_id, "kind": problem[0], "why": problem[1]}
+                rejects.write(json.dumps(entry, ensure_ascii=False) + "\n")
+                continue
+            out.write(record_line(prompt))
+            counts["records"] += 1
+    if not (counts["rejected"] or counts["too_long"] or counts["over_context"]):
+        return counts, None
+    return counts, (
+        f"{counts['rejected']} samples could not be templated, {counts['over_context']} were "
+        f"longer than the model's context ({context} tokens) and {counts['too_long']} over "
+        f"{tokenize.max_prompt_tokens} prompt tokens; their ids and reasons are in "
+        f"{folder / 'rejected.jsonl'}"
+    )

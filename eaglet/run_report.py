@@ -164,7 +164,8 @@ def failure_note(stage: str, entry: dict[str, Any], run: dict[str, Any] | None) 
     return "\n".join(lines)
 
 
-def _percent(value: float | None) -> str:
+def percent(value: float | None) -> str:
+    """A share as `12.3%`, `n/a` when unknown (the one format of every report)."""
     return "n/a" if value is None else f"{value:.1%}"
 
 
@@ -174,21 +175,27 @@ def key_figures(stage: str, manifest: dict[str, Any]) -> str:
     records = counts.get("records", 0)
     if stage == "download":
         sources = ", ".join(f"{s} {n}" for s, n in info.get("per_source", {}).items())
-        return f"{sources}; {counts.get('duplicates', 0)} duplicates dropped"
+        text = f"{sources}; {counts.get('duplicates', 0)} duplicates dropped"
+        if counts.get("skipped"):
+            text += f"; {counts['skipped']} rows skipped (rejected.jsonl)"
+        return text
     if stage == "tokenize":
-        return f"{counts.get('rejected', 0)} rejected, {counts.get('too_long', 0)} too long"
+        text = f"{counts.get('rejected', 0)} rejected, {counts.get('too_long', 0)} too long"
+        if counts.get("over_context"):
+            text += f", {counts['over_context']} over the model's context"
+        return text
     if stage == "generate":
         truncated = counts.get("truncated", 0)
         return (
             f"engine {info.get('engine', '?')}; {counts.get('failed', 0)} failed samples; "
-            f"{truncated} truncated ({_percent(truncated / records if records else None)})"
+            f"{truncated} truncated ({percent(truncated / records if records else None)})"
         )
     if stage == "extract":
         quality = info.get("quality", {})
         return (
             f"format {quality.get('reasoning_format', '?')}; reasoning captured "
-            f"{_percent(quality.get('reasoning_capture_rate'))}; truncated "
-            f"{_percent(quality.get('truncation_rate'))}"
+            f"{percent(quality.get('reasoning_capture_rate'))}; truncated "
+            f"{percent(quality.get('truncation_rate'))}"
         )
     if stage == "hidden_states":
         return f"{counts.get('tokens', 0):,} tokens"

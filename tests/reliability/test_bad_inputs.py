@@ -1,0 +1,335 @@
+"""The bad-input matrix: what a new user feeds eaglet by mistake, and what eaglet must do.
+
+Each case is either a clear error that names the file and line (or the key, or the sample id)
+and says what to do, or a skip that is counted in the manifest and listed with its reason in
+`rejected.jsonl`. None may lose a record silently or end in a raw traceback. The table in
+tests/reliability/README.md ("Bad inputs") lists every case with its test here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from eaglet.config import DatasetSpec, TokenizeConfig
+from eaglet.datasets import DatasetError, RowSkipped, normalise_row, read_samples, write_samples
+from eaglet.prompts import write_prompts
+from eaglet.records.io import RecordFileError, read_jsonl, repair_and_read_ids, write_jsonl
+from eaglet.records.samples import Sample
+
+USER = {"role": "user", "content": "What is 2 + 2?"}
+ANSWER = {"role": "assistant", "content": "4"}
+GOOD = {"messages": [USER, ANSWER]}
+
+
+def jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def samples(path: Path, source: str = "s") -> list[Sample]:
+    return list(read_samples(DatasetSpec(source=source, path=str(path))))
+
+
+def download(tmp_path: Path, *specs: DatasetSpec) -> tuple[dict, list[dict], list[Sample]]:
+    """The download stage's body: (counts, rejected.jsonl entries, samples written)."""
+    out, rejected = tmp_path / "samples.jsonl", tmp_path / "rejected.jsonl"
+    counts, _ = write_samples(specs, out, rejected)
+    entries = [json.loads(line) for line in rejected.read_text().splitlines()]
+    return counts, entries, list(read_jsonl(out, Sample))
+
+
+def spec(path: Path, source: str = "s") -> DatasetSpec:
+    return DatasetSpec(source=source, path=str(path))
+
+
+# --- whole files: a clear error naming the file (and line) -------------------------------------
+
+
+def test_malformed_json_line_names_file_line_and_column(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n" + '{"messages": [\n')
+    with pytest.raises(DatasetError, match=r"d\.jsonl:2: not valid JSON \(.* at column \d+\)"):
+        samples(path)
+
+
+def test_malformed_json_file_names_file_and_line(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_text("[\n" + json.dumps(GOOD) + ",\n{oops}\n]")
+    with pytest.raises(DatasetError, match=r"d\.json:3: not valid JSON"):
+        samples(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "content"), [("e.jsonl", ""), ("w.jsonl", "\n  \n"), ("e.json", "[]"), ("z.json", "")]
+)
+def test_empty_dataset_file_is_an_error_naming_it(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(DatasetError, match=rf"{name}: the dataset has no rows \(source 's'\)"):
+        samples(path)
+
+
+def test_invalid_utf8_in_jsonl_names_file_line_and_byte(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(json.dumps(GOOD).encode() + b"\n" + b'{"messages": "\xff"}\n')
+    with pytest.raises(DatasetError, match=r"d\.jsonl:2: not valid UTF-8 \(byte 0xff at column"):
+        samples(path)
+
+
+def test_invalid_utf8_in_json_names_file_and_line(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_bytes(b"[\n" + json.dumps(GOOD).encode() + b',\n{"x": "\xc3\x28"}\n]')
+    with pytest.raises(DatasetError, match=r"d\.json:3: not valid UTF-8"):
+        samples(path)
+
+
+@pytest.mark.parametrize("name", ["d.csv", "d.txt", "d.tsv"])
+def test_unsupported_file_type_is_named_even_when_absent(tmp_path, name):
+    # Absent, a .csv used to be taken for a hub dataset id and failed with a hub error.
+    with pytest.raises(DatasetError, match=rf"{name}: unsupported file type"):
+        samples(tmp_path / name)
+    (tmp_path / name).write_text("a,b\n1,2\n")
+    with pytest.raises(DatasetError, match=rf"{name}: unsupported file type"):
+        samples(tmp_path / name)
+
+
+def test_parquet_with_unexpected_columns_names_file_and_columns(tmp_path):
+    path = tmp_path / "p.parquet"
+    pd.DataFrame({"prompt": ["hi"], "response": ["hello"]}).to_parquet(path)
+    with pytest.raises(DatasetError, match=r"p\.parquet: Parquet columns \['prompt', 'response'\]"):
+        samples(path)
+
+
+def test_file_that_is_not_parquet_names_the_file(tmp_path):
+    path = tmp_path / "p.parquet"
+    path.write_text("not parquet at all")
+    with pytest.raises(DatasetError, match=r"p\.parquet: cannot read as Parquet"):
+        samples(path)
+
+
+def test_dataset_path_that_is_a_folder_is_named(tmp_path):
+    folder = tmp_path / "data.jsonl"
+    folder.mkdir()
+    with pytest.raises(DatasetError, match=r"data\.jsonl is a folder"):
+        samples(folder)
+
+
+def test_unknown_openai_role_names_line_message_and_role(tmp_path):
+    path = jsonl(tmp_path / "d.jsonl", [GOOD, {"messages": [{"role": "narrator", "content": "x"}]}])
+    expected = r"d\.jsonl:2 message 0: unknown message role 'narrator'"
+    with pytest.raises(DatasetError, match=expected):
+        samples(path)
+
+
+def test_unknown_sharegpt_speaker_names_line_turn_and_speaker(tmp_path):
+    row = {"conversations": [{"from": "human", "value": "hi"}, {"from": "robot", "value": "x"}]}
+    path = jsonl(tmp_path / "d.jsonl", [row])
+    with pytest.raises(DatasetError, match=r"d\.jsonl:1 turn 1: unknown ShareGPT speaker 'robot'"):
+        samples(path)
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ([USER], r"d\.jsonl:1: a row must be a JSON object, got list"),
+        ({"messages": "hi"}, r"d\.jsonl:1: 'messages' is not a list"),
+        ({"messages": ["hi"]}, r"d\.jsonl:1 message 0: a message must be an object"),
+        ({"prompt": "hi"}, r"d\.jsonl:1: row has neither .* its keys are \['prompt'\]"),
+        ({"messages": [USER], "tools": {"a": 1}}, r"d\.jsonl:1: 'tools' must be a list"),
+    ],
+)
+def test_rows_of_an_unknown_shape_name_file_and_line(tmp_path, row, message):
+    with pytest.raises(DatasetError, match=message):
+        samples(jsonl(tmp_path / "d.jsonl", [row]))
+
+
+def test_a_file_whose_every_row_is_skipped_is_an_error(tmp_path):
+    only_answers = {"messages": [ANSWER]}
+    path = jsonl(tmp_path / "d.jsonl", [only_answers, only_answers])
+    with pytest.raises(DatasetError, match=r"d\.jsonl: every one of its 2 rows was skipped"):
+        samples(path)
+
+
+# --- rows: a counted skip, listed with its reason in rejected.jsonl ----------------------------
+
+
+def test_row_without_a_user_turn_is_skipped_counted_and_listed(tmp_path):
+    path = jsonl(tmp_path / "d.jsonl", [GOOD, {"messages": [{"role": "system", "content": "x"}]}])
+    counts, rejected, written = download(tmp_path, spec(path))
+    assert counts["records"] == 1 and counts["skipped"] == counts["skipped_no_user_turn"] == 1
+    [entry] = rejected
+    assert entry["kind"] == "no_user_turn" and entry["where"].endswith("d.jsonl:2")
+    assert entry["source"] == "s" and "no user message" in entry["why"]
+
+
+def test_text_parts_of_a_list_content_are_kept_and_the_image_counted(tmp_path):
+    parts = [
+        {"type": "text", "text": "Describe"},
+        {"type": "image_url", "image_url": {"url": "x.png"}},
+        {"type": "text", "text": "briefly."},
+    ]
+    path = jsonl(tmp_path / "d.jsonl", [{"messages": [{"role": "user", "content": parts}]}])
+    counts, rejected, [sample] = download(tmp_path, spec(path))
+    # Before: the list rendered as an empty user turn, answered and trained on.
+    assert sample.messages[0]["content"] == "Describe\nbriefly."
+    assert counts["non_text_parts_dropped"] == 1 and rejected == []
+
+
+def test_a_turn_of_only_an_image_skips_the_row(tmp_path):
+    image_only = [{"type": "image_url", "image_url": {"url": "x.png"}}]
+    rows = [GOOD, {"messages": [{"role": "user", "content": image_only}, ANSWER]}]
+    counts, [entry], written = download(tmp_path, spec(jsonl(tmp_path / "d.jsonl", rows)))
+    assert len(written) == 1 and counts["skipped_non_text_content"] == 1
+    assert entry["kind"] == "non_text_content" and "image_url" in entry["why"]
+    assert entry["where"].endswith("d.jsonl:2 message 0")
+
+
+def test_a_number_as_content_becomes_its_text_and_is_counted(tmp_path):
+    rows = [{"conversations": [{"from": "human", "value": 42}, {"from": "gpt", "value": 1.5}]}]
+    counts, rejected, [sample] = download(tmp_path, spec(jsonl(tmp_path / "d.jsonl", rows)))
+    assert [m["content"] for m in sample.messages] == ["42", "1.5"]
+    assert counts["number_content"] == 2 and rejected == []
+
+
+@pytest.mark.parametrize(
+    "content", [{"text": "hi"}, True, [{"type": "text", "text": 7}]], ids=["dict", "bool", "part"]
+)
+def test_content_that_is_no_text_skips_the_row(tmp_path, content):
+    rows = [GOOD, {"messages": [{"role": "user", "content": content}]}]
+    counts, [entry], written = download(tmp_path, spec(jsonl(tmp_path / "d.jsonl", rows)))
+    assert len(written) == 1 and entry["kind"] == "content_type"
+
+
+def test_tool_call_arguments_that_are_not_json_skip_the_row_and_are_counted(tmp_path):
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": "{city: Oslo"}}
+    bad = {"messages": [USER, {"role": "assistant", "content": "", "tool_calls": [call]}]}
+    counts, [entry], written = download(tmp_path, spec(jsonl(tmp_path / "d.jsonl", [GOOD, bad])))
+    # Before: the broken string went into the prompt, uncounted.
+    assert len(written) == 1 and counts["skipped_tool_arguments"] == 1
+    assert "'get_weather'" in entry["why"] and "{city: Oslo" in entry["why"]
+
+
+def test_duplicate_rows_are_written_once_counted_and_listed_with_their_id(tmp_path):
+    first = jsonl(tmp_path / "a.jsonl", [GOOD, GOOD])
+    counts, rejected, written = download(tmp_path, spec(first))
+    assert len(written) == 1 and counts["duplicates"] == 1
+    assert rejected[0]["kind"] == "duplicate" and rejected[0]["sample_id"] == written[0].sample_id
+
+
+# --- prompts: longer than the context, over the limit, not templatable -------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from eaglet.fixture.tokenizer import build_tokenizer
+
+    return build_tokenizer(seed=0)
+
+
+def tokenize(tmp_path: Path, tokenizer, rows: list[Sample], context: int | None, **settings):
+    source = tmp_path / "samples.jsonl"
+    write_jsonl(source, rows)
+    config = TokenizeConfig(**settings)
+    counts, warning = write_prompts(source, tmp_path, tokenizer, config, context)
+    rejected = [json.loads(line) for line in (tmp_path / "rejected.jsonl").read_text().splitlines()]
+    kept = [json.loads(line)["sample_id"] for line in (tmp_path / "prompts.jsonl").open()]
+    return counts, warning, rejected, kept
+
+
+def sample(sample_id: str, words: int, first: str = "user") -> Sample:
+    text = " ".join(["two plus two"] * words)
+    return Sample(sample_id=sample_id, source="s", messages=[{"role": first, "content": text}])
+
+
+def test_a_prompt_longer_than_the_models_context_is_skipped_never_generated(tmp_path, tokenizer):
+    rows = [sample("short", 1), sample("long", 200)]
+    counts, warning, [entry], kept = tokenize(tmp_path, tokenizer, rows, context=64)
+    assert kept == ["short"] and counts["over_context"] == 1
+    assert entry["sample_id"] == "long" and entry["kind"] == "over_context"
+    assert "model's context is 64 (max_position_embeddings)" in entry["why"]
+    assert "longer than the model's context (64 tokens)" in warning
+
+
+def test_a_prompt_over_max_prompt_tokens_is_skipped_with_its_length(tmp_path, tokenizer):
+    rows = [sample("short", 1), sample("long", 40)]
+    counts, _, [entry], kept = tokenize(tmp_path, tokenizer, rows, None, max_prompt_tokens=32)
+    assert kept == ["short"] and counts["too_long"] == 1
+    assert "over tokenize.max_prompt_tokens=32" in entry["why"]
+
+
+def test_a_sample_that_cannot_be_templated_is_rejected_with_its_id(tmp_path, tokenizer):
+    counts, _, [entry], kept = tokenize(tmp_path, tokenizer, [sample("sys", 1, "system")], None)
+    assert kept == [] and counts["rejected"] == 1 and entry["kind"] == "template"
+    assert "sample sys (s)" in entry["why"]
+
+
+# --- record files ------------------------------------------------------------------------------
+
+
+def test_a_bad_record_line_names_file_line_and_sample(tmp_path):
+    path = tmp_path / "samples.jsonl"
+    path.write_text('{"sample_id": "a1", "source": "s"}\n')
+    with pytest.raises(RecordFileError, match=r"samples\.jsonl:1: sample a1 is not a valid Sample"):
+        list(read_jsonl(path, Sample))
+
+
+def test_a_bad_middle_line_of_an_append_only_file_is_set_aside_not_dropped(tmp_path):
+    path = tmp_path / "generations.jsonl"
+    path.write_text('{"sample_id": "a"}\nnot json\n{"sample_id": "b"}\n{"sample_id": "c"')
+    assert repair_and_read_ids(path) == {"a", "b"}  # b, after the bad line, is kept
+    assert path.read_text() == '{"sample_id": "a"}\n{"sample_id": "b"}\n'
+    [aside] = [json.loads(x) for x in (tmp_path / "generations.rejected-lines.jsonl").open()]
+    assert aside["line"] == 2 and aside["text"] == "not json"
+
+
+# --- fuzzing the row parsers -------------------------------------------------------------------
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+ROLE = st.sampled_from(["user", "assistant", "system", "tool", "developer", "narrator", None])
+MESSAGE = st.fixed_dictionaries(
+    {"role": ROLE, "content": JSON},
+    optional={"tool_calls": JSON, "reasoning": JSON, "name": JSON},
+)
+ROW = st.one_of(
+    st.fixed_dictionaries({"messages": st.lists(MESSAGE, max_size=4)}, optional={"tools": JSON}),
+    st.fixed_dictionaries(
+        {
+            "conversations": st.lists(
+                st.fixed_dictionaries(
+                    {"from": st.sampled_from(["human", "gpt", "system", "x"]), "value": JSON}
+                ),
+                max_size=4,
+            )
+        }
+    ),
+    st.dictionaries(st.text(max_size=8), JSON, max_size=3),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(row=ROW)
+def test_row_parser_fuzz_gives_text_messages_or_a_dataset_error(row):
+    """Whatever a row holds, normalise_row returns messages whose content is text (so the
+    chat template never sees a list, a number or None), or raises a DatasetError (RowSkipped
+    included) with a message naming the row; never another exception."""
+    try:
+        messages, tools = normalise_row(json.loads(json.dumps(row)), "f.jsonl:1")
+    except RowSkipped as exc:
+        assert str(exc).startswith("f.jsonl:1") and exc.kind
+        return
+    except DatasetError as exc:
+        assert str(exc).startswith("f.jsonl:1")
+        return
+    assert any(m["role"] == "user" for m in messages)
+    assert all(isinstance(m["content"], str) for m in messages)
+    assert tools is None or isinstance(tools, list)
