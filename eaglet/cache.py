@@ -137,7 +137,19 @@ def stage_config(stage: str, config: PipelineConfig) -> dict[str, Any]:
         },
         "extract": {"reasoning": config.reasoning.model_dump(), "target": target},
         "hidden_states": {
-            "hidden_states": config.hidden_states.model_dump(exclude={"batch_size"}),
+            # Batching, placement and where the vllm servers are change how fast, not what.
+            "hidden_states": config.hidden_states.model_dump(
+                exclude={
+                    "batch_size",
+                    "batch_tokens",
+                    "device_map",
+                    "endpoints",
+                    "connector_path",
+                    "served_model",
+                    "concurrency",
+                    "request_timeout_s",
+                }
+            ),
             "target": target,
             "target_dtype": config.target.dtype,
         },

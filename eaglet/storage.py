@@ -14,7 +14,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,18 @@ class StageOutput:
 
     counts: dict[str, int]
     info: dict[str, Any]
+    # Files the body already hashed while writing them (name -> sha256, bytes): the manifest
+    # takes these instead of reading the files again (terabytes of hidden-state shards).
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _file_entry(path: Path, known: dict[str, Any] | None) -> dict[str, Any]:
+    """sha256 and size of a stage file; a hash the body computed while writing is taken as
+    is when the size still matches."""
+    size = path.stat().st_size
+    if known is not None and known.get("bytes") == size and known.get("sha256"):
+        return {"sha256": known["sha256"], "bytes": size}
+    return {"sha256": sha256_file(path), "bytes": size}
 
 
 def run_stage(
@@ -130,11 +142,12 @@ def run_stage(
     partial.mkdir(parents=True, exist_ok=True)
     started = time.time()
     output = body(partial)
-    files = {
-        str(path.relative_to(partial)): {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    names = [
+        str(path.relative_to(partial))
         for path in sorted(partial.rglob("*"))
         if path.is_file() and path.name != MANIFEST
-    }
+    ]
+    files = {name: _file_entry(partial / name, output.files.get(name)) for name in names}
     manifest = Manifest(
         stage=stage,
         key=key,

@@ -1,17 +1,42 @@
-"""The hidden_states stage as a Prefect task: examples → safetensors feature shards."""
+"""The hidden_states stage as Prefect tasks: examples → safetensors feature shards.
+
+`hidden_states` is the stage (cached by its key): it plans the shards, checks the disk
+budget, builds every shard not yet finished and writes the index and the manifest. Its partial
+folder survives a crash, and a rerun keeps every finished shard (verified by its sha256).
+With `execution.task_runner: dask`, `map_hidden_state_shards` first builds the shards as
+mapped `hidden_states_shard` tasks on a Dask cluster; the stage task then only verifies and
+indexes them. Task arguments and results are shard ranges and small records, never tensors.
+"""
 
 from __future__ import annotations
 
+import os
+import socket
+from dataclasses import asdict
 from pathlib import Path
 
 from prefect import get_run_logger, task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from eaglet.config import PipelineConfig
-from eaglet.hidden_states.hf import extract_hidden_states
-from eaglet.records.examples import Example
-from eaglet.records.io import read_jsonl
-from eaglet.storage import StageOutput
-from tasks.caching import StageCache, report_stage_failure, run_stage_task
+from eaglet.config import ExecutionConfig, PipelineConfig
+from eaglet.hidden_states.stage import (
+    ShardSpec,
+    backend_factory,
+    build_shard,
+    prepare_stage,
+    stage_body,
+)
+from eaglet.storage import read_manifest, stage_dir
+from tasks.caching import (
+    StageCache,
+    partial_folder,
+    report_stage_failure,
+    run_stage_task,
+)
+
+
+def _examples_path(config: PipelineConfig, examples: dict) -> Path:
+    return stage_dir(config.work_dir, examples) / "examples.jsonl"
 
 
 @task(
@@ -21,42 +46,82 @@ from tasks.caching import StageCache, report_stage_failure, run_stage_task
     on_failure=[report_stage_failure],  # says what the partial folder holds, how to resume
     persist_result=True,
     result_serializer="json",
-    retries=1,  # a killed worker: the partial folder is rebuilt from scratch
+    retries=1,  # a killed worker: finished shards are kept, the rest is built again
 )
 def hidden_states(config: PipelineConfig, examples: dict, refresh: bool = False) -> dict:
     logger = get_run_logger()
+    progress_id = create_progress_artifact(
+        progress=0.0, key="hidden-states-progress", description="hidden_states: tokens done"
+    )
 
-    last_report = [0.0]
+    def on_progress(fraction: float) -> None:
+        update_progress_artifact(progress_id, progress=100.0 * fraction)
 
-    def progress(done: int, total: int, elapsed: float) -> None:
-        if elapsed - last_report[0] < 5 and done < total:
-            return
-        last_report[0] = elapsed
-        rate = done / max(elapsed, 1e-9)
-        logger.info(
-            "hidden states %d/%d samples, %.1f samples/s, ETA %.0f s",
-            done,
-            total,
-            rate,
-            (total - done) / max(rate, 1e-9),
-        )
-
-    def body(folder: Path) -> StageOutput:
-        settings = config.hidden_states
-        info = extract_hidden_states(
-            read_jsonl(Path(examples["path"]) / "examples.jsonl", Example),
-            model_dir=config.target.model,
-            out_dir=folder,
-            aux_layer_ids=settings.aux_layer_ids,
-            shard_tokens=settings.shard_tokens,
-            batch_size=settings.batch_size,
-            store_dtype=settings.dtype,
-            model_dtype=config.target.dtype,
-            trust_remote_code=config.target.trust_remote_code,
-            progress=progress,
-        )
-        return StageOutput(counts={"records": info["samples"], "tokens": info["tokens"]}, info=info)
-
+    body = stage_body(config, _examples_path(config, examples), logger.info, on_progress)
     return run_stage_task(
-        "hidden_states", config, {"examples": examples}, body, refresh=refresh
+        "hidden_states", config, {"examples": examples}, body, resume_partial=True, refresh=refresh
     ).model_dump()
+
+
+@task(name="hidden_states_plan", task_run_name="hidden_states_plan[{config.name}]")
+def hidden_states_plan(config: PipelineConfig, examples: dict) -> list[dict]:
+    """The shards still to build (empty when the stage folder is complete), after the disk
+    budget check."""
+    key, partial = partial_folder("hidden_states", config, {"examples": examples})
+    if read_manifest(partial.with_name(key)) is not None:
+        return []
+    partial.mkdir(parents=True, exist_ok=True)
+    specs = prepare_stage(config, partial, _examples_path(config, examples))
+    return [{**asdict(spec), "folder": str(partial)} for spec in specs]
+
+
+@task(name="hidden_states_shard", task_run_name="hidden_states_shard[{shard[name]}]")
+def hidden_states_shard(config: PipelineConfig, examples: dict, shard: dict) -> dict:
+    """Build one shard (or verify it is already built); returns a small record."""
+    spec = ShardSpec(**{k: v for k, v in shard.items() if k != "folder"})
+    record = build_shard(
+        Path(shard["folder"]),
+        _examples_path(config, examples),
+        spec,
+        backend_factory(config),
+        config.hidden_states.storage,
+    )
+    get_run_logger().info(
+        "%s: %d tokens %s", spec.name, spec.tokens, "verified" if record["skipped"] else "built"
+    )
+    return {
+        "shard": spec.name,
+        "tokens": spec.tokens,
+        "skipped": record["skipped"],
+        "worker": f"{socket.gethostname()}:{os.getpid()}",
+    }
+
+
+def task_runner(execution: ExecutionConfig):
+    """The Dask task runner of `execution` (prefect-dask): an existing cluster's address, or a
+    local cluster of `dask_workers` processes."""
+    from prefect_dask import DaskTaskRunner
+
+    if execution.dask_address:
+        return DaskTaskRunner(address=execution.dask_address)
+    return DaskTaskRunner(
+        cluster_kwargs={
+            "n_workers": execution.dask_workers,
+            "threads_per_worker": 1,
+            "processes": True,
+            "dashboard_address": None,
+        }
+    )
+
+
+def map_hidden_state_shards(config: PipelineConfig, examples: dict) -> list[dict]:
+    """Build the stage's shards as mapped tasks on the configured Dask cluster (call from a
+    flow); returns each shard task's record."""
+    shards = hidden_states_plan(config, examples)
+    if not shards:
+        return []
+    with task_runner(config.execution) as runner:
+        futures = runner.map(
+            hidden_states_shard, {"config": config, "examples": examples, "shard": shards}
+        )
+        return [future.result() for future in futures]

@@ -31,6 +31,7 @@ from safetensors import safe_open
 from eaglet.draft.checkpoint import load_training_state, save_draft, save_training_state
 from eaglet.draft.model import Eagle3Config, Eagle3Draft, ttt_attention_mask
 from eaglet.draft.vocab import DraftVocab, build_draft_vocab, count_tokens
+from eaglet.hidden_states.shards import read_window
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +87,8 @@ class HiddenStatesData:
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         shard, offset, length = self.windows[i]
-        f = self._file(shard)
-        get = lambda name: f.get_slice(name)[offset : offset + length]  # noqa: E731
-        return {
-            "input_ids": get("input_ids").long(),  # [n]
-            "loss_mask": get("loss_mask").bool(),  # [n]
-            "aux_hidden_states": get("aux_hidden_states").float(),  # [n, 3H]
-            "final_hidden_states": get("final_hidden_states").float(),  # [n, H]
-        }
+        # input_ids [n], loss_mask [n], aux_hidden_states [n, 3H], final_hidden_states [n, H]
+        return read_window(self._file(shard), offset, length)  # float, whatever the storage
 
     def aux_width(self) -> int:
         return self._file(self.samples[0]["shard"]).get_slice("aux_hidden_states").get_shape()[1]
@@ -102,9 +97,10 @@ class HiddenStatesData:
         """Occurrences of each id among loss-masked tokens of the (non-excluded) samples: [V]."""
         counts = torch.zeros(vocab_size, dtype=torch.int64)
         for e in self.samples:
-            f, a, b = self._file(e["shard"]), e["offset"], e["offset"] + e["length"]
-            ids, mask = f.get_slice("input_ids")[a:b], f.get_slice("loss_mask")[a:b]
-            counts += count_tokens(ids, mask, vocab_size)
+            window = read_window(
+                self._file(e["shard"]), e["offset"], e["length"], keys=("input_ids", "loss_mask")
+            )
+            counts += count_tokens(window["input_ids"], window["loss_mask"], vocab_size)
         return counts
 
     def fingerprint(self, batch_size: int, max_seq_len: int) -> str:

@@ -1,0 +1,353 @@
+"""The hidden_states stage, shard by shard: plan, build each shard (resumable, verifiable),
+then write the index.
+
+- Plan: one streaming pass over `examples.jsonl` cuts it into shards of about
+  `shard_tokens` tokens, in file order; each shard is a byte range of that file. The plan
+  depends only on the file and `shard_tokens`, never on where an earlier run stopped.
+- Shard: its examples are read from their byte range, run through the backend in length
+  buckets (bounded by the shard: nothing holds the whole dataset), stored in file order, and
+  written with their sha256 computed as the bytes go out. A record
+  `progress/<shard>.json` (bytes, sha256, index rows) is then written atomically: a shard
+  without one is not finished. On resume a finished shard is verified (size + sha256) and
+  skipped; a corrupt or truncated one is rebuilt.
+- Finish: `index.jsonl` from the records, in shard order.
+
+Shard tasks only exchange `ShardSpec`s and small records, so many workers can build shards
+of one partial folder at once (each writes only its own files).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eaglet.config import PipelineConfig
+from eaglet.hidden_states.budget import check_disk_budget
+from eaglet.hidden_states.hf import HFBackend
+from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids
+from eaglet.hidden_states.shards import join_samples, write_safetensors_hashed
+from eaglet.hidden_states.storage import bytes_per_token, check_storage, encode
+from eaglet.records.examples import Example
+from eaglet.storage import StageOutput, sha256_file, write_json_atomic
+from eaglet.target import load_config
+
+PLAN = "plan.json"
+PROGRESS = "progress"
+INDEX = "index.jsonl"
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """One shard's share of the examples file: bytes [start, end), its samples and tokens."""
+
+    name: str
+    start: int
+    end: int
+    samples: int
+    tokens: int
+
+
+def plan_shards(examples_path: Path, shard_tokens: int) -> list[ShardSpec]:
+    """Cut the examples file into shards of at least `shard_tokens` tokens (the last one may
+    be smaller), streaming it once."""
+    specs: list[ShardSpec] = []
+    start = offset = samples = tokens = 0
+
+    def close() -> None:
+        name = f"shard-{len(specs):05d}.safetensors"
+        specs.append(ShardSpec(name, start, offset, samples, tokens))
+
+    with open(examples_path, "rb") as handle:
+        for line_number, line in enumerate(handle, 1):
+            offset += len(line)
+            if not line.strip():
+                continue
+            try:
+                n = len(json.loads(line)["input_ids"])
+            except (ValueError, KeyError) as exc:
+                raise ValueError(
+                    f"{examples_path}:{line_number}: not an example record ({exc}); rerun the "
+                    "extract stage (eaglet run --refresh-from extract)"
+                ) from None
+            samples += 1
+            tokens += n
+            if tokens >= shard_tokens:
+                close()
+                start, samples, tokens = offset, 0, 0
+    if samples:
+        close()
+    return specs
+
+
+def load_or_write_plan(folder: Path, examples_path: Path, shard_tokens: int) -> list[ShardSpec]:
+    """The partial folder's plan; written on the first run, reused by every resume."""
+    path = folder / PLAN
+    if path.is_file():
+        return [ShardSpec(**row) for row in json.loads(path.read_text())["shards"]]
+    specs = plan_shards(examples_path, shard_tokens)
+    write_json_atomic(path, {"shard_tokens": shard_tokens, "shards": [asdict(s) for s in specs]})
+    return specs
+
+
+def read_examples(examples_path: Path, spec: ShardSpec) -> list[Example]:
+    with open(examples_path, "rb") as handle:
+        handle.seek(spec.start)
+        data = handle.read(spec.end - spec.start)
+    return [Example.model_validate_json(line) for line in data.splitlines() if line.strip()]
+
+
+def record_path(folder: Path, name: str) -> Path:
+    return folder / PROGRESS / f"{name}.json"
+
+
+def read_record(folder: Path, name: str) -> dict | None:
+    path = record_path(folder, name)
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def shard_finished(folder: Path, name: str, verify_hash: bool) -> dict | None:
+    """The shard's record when the shard is there with the recorded size (and sha256 when
+    `verify_hash`), else None (the shard must be built again)."""
+    record = read_record(folder, name)
+    shard = folder / name
+    if record is None or not shard.is_file() or shard.stat().st_size != record["bytes"]:
+        return None
+    if verify_hash and sha256_file(shard) != record["sha256"]:
+        return None
+    return record
+
+
+def encode_sample(
+    example: Example, features: dict[str, torch.Tensor], storage: str
+) -> dict[str, torch.Tensor]:
+    n = len(example.input_ids)
+    aux, final = features["aux_hidden_states"], features["final_hidden_states"]
+    if aux.shape[0] != n or final.shape[0] != n:
+        raise RuntimeError(
+            f"sample {example.sample_id}: backend returned states for "
+            f"{aux.shape[0]} tokens, expected {n}"
+        )
+    return {
+        "input_ids": torch.tensor(example.input_ids, dtype=torch.int64),  # [n]
+        "loss_mask": torch.tensor(example.loss_mask, dtype=torch.uint8),  # [n]
+        **encode("aux_hidden_states", aux, storage, groups=3),  # [n, 3H] (+ scales [n, 3])
+        **encode("final_hidden_states", final, storage, groups=1),  # [n, H] (+ scales [n, 1])
+    }
+
+
+def build_shard(
+    folder: Path,
+    examples_path: Path,
+    spec: ShardSpec,
+    backend_factory: Callable[[], Any],
+    storage: str,
+    verify_hash: bool = True,
+) -> dict:
+    """Build one shard unless it is already finished (and verified); returns its record."""
+    done = shard_finished(folder, spec.name, verify_hash)
+    if done is not None:
+        return {**done, "skipped": True}
+    examples = read_examples(examples_path, spec)
+    backend = backend_factory()
+    features = backend.features(examples)
+    encoded = [encode_sample(e, f, storage) for e, f in zip(examples, features, strict=True)]
+    del features
+    rows, offset = [], 0
+    for example in examples:
+        rows.append([example.sample_id, offset, len(example.input_ids)])
+        offset += len(example.input_ids)
+    written = write_safetensors_hashed(join_samples(encoded), folder / spec.name)
+    record = {
+        "shard": spec.name,
+        "bytes": written.bytes,
+        "sha256": written.sha256,
+        "tokens": offset,
+        "samples": rows,
+    }
+    (folder / PROGRESS).mkdir(exist_ok=True)
+    write_json_atomic(record_path(folder, spec.name), record)
+    return {**record, "skipped": False}
+
+
+def write_index(folder: Path, specs: list[ShardSpec]) -> dict[str, dict[str, Any]]:
+    """`index.jsonl` from the shard records; returns the shards' recorded hashes (for the
+    manifest, so it need not read them again)."""
+    files: dict[str, dict[str, Any]] = {}
+    lines = []
+    for spec in specs:
+        record = read_record(folder, spec.name)
+        if record is None:
+            raise RuntimeError(f"{folder / spec.name}: shard not finished; rerun the stage")
+        files[spec.name] = {"sha256": record["sha256"], "bytes": record["bytes"]}
+        for sample_id, offset, length in record["samples"]:
+            row = {"sample_id": sample_id, "shard": spec.name, "offset": offset, "length": length}
+            lines.append(json.dumps(row) + "\n")
+    tmp = folder / (INDEX + ".tmp")
+    tmp.write_text("".join(lines))
+    tmp.replace(folder / INDEX)
+    for stray in folder.glob("*.tmp"):
+        stray.unlink()
+    return files
+
+
+def finished_bytes(folder: Path, specs: list[ShardSpec]) -> int:
+    total = 0
+    for spec in specs:
+        record = read_record(folder, spec.name)
+        if record is not None:
+            total += record["bytes"]
+    return total
+
+
+class Progress:
+    """Tokens done against the plan, with rate and ETA, reported at most every `every_s`."""
+
+    def __init__(self, total_tokens: int, report: Callable[[str], None], every_s: float = 5.0):
+        self.total, self.report, self.every_s = total_tokens, report, every_s
+        self.done = 0
+        self.started = self.last = time.time()
+
+    def add(self, tokens: int, force: bool = False) -> None:
+        self.done += tokens
+        now = time.time()
+        if not force and now - self.last < self.every_s and self.done < self.total:
+            return
+        self.last = now
+        rate = self.done / max(now - self.started, 1e-9)
+        eta = (self.total - self.done) / max(rate, 1e-9)
+        self.report(
+            f"hidden states {self.done}/{self.total} tokens "
+            f"({100.0 * self.done / max(self.total, 1):.1f}%), {rate:.0f} tokens/s, ETA {eta:.0f} s"
+        )
+
+    @property
+    def fraction(self) -> float:
+        return self.done / max(self.total, 1)
+
+
+def stage_info(
+    specs: list[ShardSpec],
+    storage: str,
+    backend: str,
+    aux_layer_ids: list[int],
+    num_layers: int,
+    hidden_size: int,
+) -> dict[str, Any]:
+    return {
+        "aux_layer_ids": aux_layer_ids,
+        "aux_layer_convention": AUX_LAYER_CONVENTION,
+        "num_hidden_layers": num_layers,
+        "hidden_size": hidden_size,
+        "storage": storage,
+        "backend": backend,
+        "bytes_per_token": bytes_per_token(hidden_size, storage),
+        "shards": [s.name for s in specs],
+        "tokens": sum(s.tokens for s in specs),
+        "samples": sum(s.samples for s in specs),
+    }
+
+
+def prepare(
+    folder: Path,
+    examples_path: Path,
+    shard_tokens: int,
+    hidden_size: int,
+    storage: str,
+    work_dir: Path,
+) -> list[ShardSpec]:
+    """Plan (or reload the plan) and check the disk budget before any shard is built."""
+    check_storage(storage)
+    specs = load_or_write_plan(folder, examples_path, shard_tokens)
+    check_disk_budget(
+        work_dir,
+        sum(s.tokens for s in specs),
+        hidden_size,
+        storage,
+        already_written=finished_bytes(folder, specs),
+    )
+    return specs
+
+
+def make_backend(config: PipelineConfig):
+    """The configured backend (hf: the target loaded in this process; vllm: a client)."""
+    settings = config.hidden_states
+    if settings.backend == "vllm":
+        from eaglet.hidden_states.vllm import VllmBackend
+
+        return VllmBackend(config.target, settings)
+    return HFBackend(
+        config.target,
+        settings.aux_layer_ids,
+        batch_size=settings.batch_size,
+        batch_tokens=settings.batch_tokens,
+        device_map=settings.device_map,
+    )
+
+
+def backend_factory(config: PipelineConfig) -> Callable[[], Any]:
+    """A factory that builds the backend on first use (skipped shards never load a model)."""
+    made: list = []
+
+    def get():
+        if not made:
+            made.append(make_backend(config))
+        return made[0]
+
+    return get
+
+
+def target_shape(config: PipelineConfig) -> tuple[int, int, list[int]]:
+    """(num_layers, hidden_size, aux_layer_ids) from the target's config alone."""
+    cfg = load_config(config.target)
+    ids = resolve_aux_layer_ids(config.hidden_states.aux_layer_ids, cfg.num_hidden_layers)
+    return cfg.num_hidden_layers, cfg.hidden_size, ids
+
+
+def prepare_stage(config: PipelineConfig, folder: Path, examples_path: Path) -> list[ShardSpec]:
+    """Plan the shards and check the disk budget (before any work)."""
+    _, hidden_size, _ = target_shape(config)
+    return prepare(
+        folder,
+        examples_path,
+        config.hidden_states.shard_tokens,
+        hidden_size,
+        config.hidden_states.storage,
+        Path(config.work_dir),
+    )
+
+
+def stage_body(
+    config: PipelineConfig,
+    examples_path: Path,
+    report: Callable[[str], None] = print,
+    on_progress: Callable[[float], None] | None = None,
+) -> Callable[[Path], StageOutput]:
+    """The stage as a `run_stage` body: plan, budget, every shard not yet finished (built
+    here, one after another, or already built by mapped shard tasks), index."""
+
+    def body(folder: Path) -> StageOutput:
+        settings = config.hidden_states
+        num_layers, hidden_size, ids = target_shape(config)
+        specs = prepare_stage(config, folder, examples_path)
+        get_backend = backend_factory(config)
+        progress = Progress(sum(s.tokens for s in specs), report)
+        for spec in specs:
+            record = build_shard(folder, examples_path, spec, get_backend, settings.storage)
+            progress.add(spec.tokens, force=not record["skipped"])
+            if on_progress is not None:
+                on_progress(progress.fraction)
+        files = write_index(folder, specs)
+        info = stage_info(specs, settings.storage, settings.backend, ids, num_layers, hidden_size)
+        counts = {"records": info["samples"], "tokens": info["tokens"]}
+        return StageOutput(counts=counts, info=info, files=files)
+
+    return body

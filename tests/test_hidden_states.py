@@ -1,0 +1,138 @@
+"""Hidden states: batched extraction equals one-sample forwards, storage forms read back as
+floats, the shard format train reads, the disk budget."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from eaglet.draft.train import HiddenStatesData
+from eaglet.hidden_states.budget import (
+    DiskBudgetError,
+    check_disk_budget,
+    estimate_bytes,
+)
+from eaglet.hidden_states.hf import HFBackend, length_batches
+from eaglet.hidden_states.shards import read_window, write_safetensors_hashed
+from eaglet.hidden_states.stage import plan_shards, stage_body
+from eaglet.hidden_states.storage import bytes_per_token, decode, encode
+from eaglet.storage import sha256_file
+from tests.hidden_states_helpers import config_for, tiny_target, write_examples
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    return tiny_target(tmp_path_factory.mktemp("target") / "model")
+
+
+def test_padding_never_leaks_into_stored_states(target_dir, tmp_path):
+    config = config_for(tmp_path, target_dir)
+    backend = HFBackend(config.target, [1, 3, 5], batch_size=4)
+    rng = torch.Generator().manual_seed(0)
+    short = torch.randint(1, 300, (7,), generator=rng).tolist()
+    longer = [torch.randint(1, 300, (n,), generator=rng).tolist() for n in (31, 45, 60)]
+    alone = backend.forward([short])[0]
+    batched = backend.forward([*longer, short])[3]
+    assert alone["aux_hidden_states"].shape == (7, 3 * 64)
+    assert alone["final_hidden_states"].shape == (7, 64)
+    for key in ("aux_hidden_states", "final_hidden_states"):
+        torch.testing.assert_close(batched[key], alone[key], rtol=1e-5, atol=1e-5)
+
+
+def test_states_are_hf_hidden_states_at_the_layer_ids(target_dir, tmp_path):
+    from eaglet.target import load_model
+
+    config = config_for(tmp_path, target_dir)
+    ids = torch.randint(1, 300, (12,)).tolist()
+    got = HFBackend(config.target, [1, 3, 5]).forward([ids])[0]
+    model = load_model(config.target)
+    with torch.inference_mode():
+        out = model(torch.tensor([ids]), output_hidden_states=True)
+        logits = model.lm_head(got["final_hidden_states"])
+    expected = torch.cat([out.hidden_states[i][0] for i in (1, 3, 5)], dim=-1)
+    torch.testing.assert_close(got["aux_hidden_states"], expected)
+    # The final state is post-norm: lm_head of it gives the target's logits.
+    torch.testing.assert_close(logits, out.logits[0])
+
+
+def test_length_batches_bucket_by_length_within_limits():
+    lengths = [50, 3, 40, 4, 41, 5, 100]
+    batches = length_batches(lengths, batch_size=2, batch_tokens=90)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert batches[0] == [1, 3]  # the two shortest together
+    for batch in batches:
+        assert len(batch) <= 2
+        assert len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 90
+
+
+@pytest.mark.parametrize("storage", ["float32", "bfloat16", "int8", "fp8"])
+def test_storage_forms_round_trip_within_their_precision(storage, tmp_path):
+    values = torch.randn(50, 3 * 64) * torch.logspace(-2, 2, 50)[:, None]  # per-token scales
+    stored = encode("aux_hidden_states", values, storage, groups=3)
+    back = decode(stored["aux_hidden_states"], stored.get("aux_hidden_states_scale"))
+    relative = ((back - values).norm(dim=-1) / values.norm(dim=-1)).max().item()
+    bound = {"float32": 0.0, "bfloat16": 5e-3, "int8": 2e-2, "fp8": 6e-2}[storage]
+    assert relative <= bound
+    # the shard layout matches safetensors' own writer, and the hash is of the bytes written
+    written = write_safetensors_hashed(stored, tmp_path / "s.safetensors")
+    assert written.sha256 == sha256_file(tmp_path / "s.safetensors")
+    with safe_open(str(tmp_path / "s.safetensors"), framework="pt") as f:
+        for key, tensor in stored.items():
+            assert torch.equal(f.get_tensor(key).view(torch.uint8), tensor.view(torch.uint8))
+
+
+def test_compact_storage_is_4h_bytes_of_values_per_token():
+    H = 7168
+    assert bytes_per_token(H, "float32") - 9 == 16 * H
+    assert bytes_per_token(H, "bfloat16") - 9 == 8 * H
+    for storage in ("int8", "fp8"):  # values + 4 float32 scales, + id and mask
+        assert bytes_per_token(H, storage) - 9 - 16 == 4 * H
+
+
+def run_body(config, examples_path: Path, folder: Path):
+    folder.mkdir(parents=True, exist_ok=True)
+    return stage_body(config, examples_path, report=lambda _: None)(folder)
+
+
+@pytest.mark.parametrize("storage", ["float32", "int8"])
+def test_stage_writes_the_shards_train_reads(target_dir, tmp_path, storage):
+    examples = write_examples(tmp_path / "examples.jsonl", 23)
+    config = config_for(tmp_path / "work", target_dir, storage=storage, shard_tokens=256)
+    folder = tmp_path / "work" / "hs"
+    output = run_body(config, tmp_path / "examples.jsonl", folder)
+    index = [json.loads(line) for line in (folder / "index.jsonl").read_text().splitlines()]
+    assert [row["sample_id"] for row in index] == [e.sample_id for e in examples]
+    assert len(output.info["shards"]) == len(plan_shards(tmp_path / "examples.jsonl", 256)) > 2
+    for name, entry in output.files.items():  # hashes computed while writing are right
+        assert sha256_file(folder / name) == entry["sha256"]
+    backend = HFBackend(config.target, [1, 3, 5])
+    data = HiddenStatesData(folder, max_seq_len=1024)
+    row = index[5]
+    expected = backend.forward([examples[5].input_ids])[0]
+    with safe_open(str(folder / row["shard"]), framework="pt") as f:
+        window = read_window(f, row["offset"], row["length"])
+    item = data[5]
+    for got in (window, item):
+        assert got["input_ids"].tolist() == examples[5].input_ids
+        assert got["loss_mask"].tolist() == [bool(m) for m in examples[5].loss_mask]
+        tol = 1e-5 if storage == "float32" else 2e-2
+        for key in ("aux_hidden_states", "final_hidden_states"):
+            assert got[key].dtype == torch.float32
+            err = (got[key] - expected[key]).norm() / expected[key].norm()
+            assert err <= tol, (key, err)
+    assert output.info["storage"] == storage
+    assert output.info["aux_layer_convention"] == "hf_hidden_states_index"
+
+
+def test_budget_estimate_and_refusal_names_both_numbers(tmp_path):
+    assert estimate_bytes(1000, 64, "int8") < estimate_bytes(1000, 64, "float32")
+    with pytest.raises(DiskBudgetError) as error:
+        check_disk_budget(tmp_path, num_tokens=10**12, hidden_size=7168, storage="float32")
+    message = str(error.value)
+    assert "free" in message and "hidden_states.storage=int8" in message
+    assert "train.hidden_states: online" in message
+    check_disk_budget(tmp_path, num_tokens=10, hidden_size=64, storage="int8")  # fits
