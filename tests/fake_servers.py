@@ -14,9 +14,15 @@ tokenized with `ToyTokenizer`, a character-level tokenizer with the same special
 
 Faults are queued with `server.faults.append(...)`, one per generation request in arrival
 order: "500", "503", "429:<seconds>" (with Retry-After), "hang", "drop" (the connection closes
-mid-answer), "malformed" (200 with a body that is not JSON), "400" (with a message), "abort",
-and "ok" (no fault: a placeholder to let earlier requests through).
+mid-answer), "malformed" (200 with a body that is not JSON), "truncated" (200, a JSON body cut
+in the middle, with a Content-Length that matches it), "400" (with a message), "abort", and "ok"
+(no fault: a placeholder to let earlier requests through). `server.storm(seconds, status)`
+answers every generation request with that status for a while (a 5xx storm), and
+`completion_token_ids=False` makes `/v1/completions` answer text without `token_ids` (a server
+that ignores `return_token_ids`).
 `serve(app)` runs any ASGI app with uvicorn in a thread on a free loopback port.
+`ResetProxy` is a TCP proxy in front of any server that resets connections (RST) on demand:
+faults of the network, not of the server, so it may sit in front of a real vLLM too.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import struct
 import threading
 import time
 from collections import deque
@@ -110,6 +117,7 @@ class FakeServer:
         include_eos: bool = True,
         api_key: str | None = None,
         hang_s: float = 5.0,
+        completion_token_ids: bool = True,
     ) -> None:
         self.tokenizer = tokenizer or ToyTokenizer()
         self.served_model = served_model
@@ -119,6 +127,9 @@ class FakeServer:
         self.include_eos = include_eos
         self.api_key = api_key
         self.hang_s = hang_s
+        self.completion_token_ids = completion_token_ids
+        self.storm_until = 0.0
+        self.storm_status = "503"
         self.faults: deque[str] = deque()
         self.log: list[dict[str, Any]] = []
         self.in_flight = 0
@@ -168,6 +179,8 @@ class FakeServer:
         request = json.loads(body)
         fault = self.faults.popleft() if self.faults else None
         fault = None if fault == "ok" else fault
+        if time.monotonic() < self.storm_until:
+            fault = self.storm_status
         with self._lock:
             self.log.append(
                 {
@@ -217,6 +230,8 @@ class FakeServer:
             raise ConnectionAbortedError("fake server drops the connection")
         elif fault == "malformed":
             await _send_raw(send, 200, b"<html>502 Bad Gateway</html>")
+        elif fault == "truncated":
+            await _send_raw(send, 200, b'{"id": "cmpl-fake", "choices": [{"index": 0, "tok')
         elif fault == "400":
             message = f"This model's maximum context length is 1024 tokens ({path})"
             await _send_json(send, 400, {"error": {"message": message, "code": 400}})
@@ -227,24 +242,30 @@ class FakeServer:
             return False
         return True
 
+    def storm(self, seconds: float, status: str = "503") -> None:
+        """Answer every generation request with `status` for the next `seconds`."""
+        self.storm_status = status
+        self.storm_until = time.monotonic() + seconds
+
     def _completions(self, request: dict[str, Any], abort: bool) -> dict[str, Any]:
         prompt_ids = request["prompt"]
         ids, finish = self.complete(prompt_ids, request.get("max_tokens", 16))
         returned = ids if self.include_eos or finish != "stop" else ids[:-1]
+        choice = {
+            "index": 0,
+            "text": self.tokenizer.decode(ids, skip_special_tokens=True),
+            "token_ids": returned,
+            "prompt_token_ids": prompt_ids,
+            "finish_reason": "abort" if abort else finish,
+            "stop_reason": None,
+        }
+        if not self.completion_token_ids:
+            del choice["token_ids"], choice["prompt_token_ids"]
         return {
             "id": "cmpl-fake",
             "object": "text_completion",
             "model": request["model"],
-            "choices": [
-                {
-                    "index": 0,
-                    "text": self.tokenizer.decode(ids, skip_special_tokens=True),
-                    "token_ids": returned,
-                    "prompt_token_ids": prompt_ids,
-                    "finish_reason": "abort" if abort else finish,
-                    "stop_reason": None,
-                }
-            ],
+            "choices": [choice],
             "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids)},
         }
 
@@ -337,8 +358,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve(app, port: int | None = None) -> Iterator[str]:
-    """Run an ASGI app with uvicorn in a daemon thread; yields its base URL."""
+def serve(app, port: int | None = None, **uvicorn_options: Any) -> Iterator[str]:
+    """Run an ASGI app with uvicorn in a daemon thread; yields its base URL (https when
+    `ssl_certfile` and `ssl_keyfile` are given)."""
     config = uvicorn.Config(
         app,
         host="127.0.0.1",
@@ -347,6 +369,7 @@ def serve(app, port: int | None = None) -> Iterator[str]:
         lifespan="off",
         access_log=False,
         timeout_graceful_shutdown=1,
+        **uvicorn_options,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="fake-server", daemon=True)
@@ -357,7 +380,110 @@ def serve(app, port: int | None = None) -> Iterator[str]:
             raise RuntimeError("the fake server did not start")
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{config.port}"
+        scheme = "https" if uvicorn_options.get("ssl_certfile") else "http"
+        yield f"{scheme}://127.0.0.1:{config.port}"
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+class ResetProxy:
+    """A TCP proxy to `upstream` (host, port) that resets connections on demand.
+
+    `reset_all()` resets every open connection at once (a load balancer or network blip,
+    requests in flight included); `reset_next(n)` resets the next `n` new connections as soon
+    as their request arrives. A reset is a close with SO_LINGER 0: the client sees a TCP RST,
+    not an HTTP answer. `resets` counts the connections reset so far.
+    """
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.resets = 0
+        self._reset_next = 0
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._stopped = threading.Event()
+        threading.Thread(target=self._accept, name="reset-proxy", daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def reset_next(self, n: int) -> None:
+        with self._lock:
+            self._reset_next += n
+
+    def reset_all(self) -> int:
+        """Reset every open client connection; how many were reset."""
+        with self._lock:
+            sockets, self._open = list(self._open), set()
+        for sock in sockets:
+            self._reset(sock)
+        return len(sockets)
+
+    def close(self) -> None:
+        self._stopped.set()
+        self._listener.close()
+        self.reset_all()
+
+    def _reset(self, sock: socket.socket) -> None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+        except OSError:
+            return
+        with self._lock:
+            self.resets += 1
+
+    def _accept(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        with self._lock:
+            doomed = self._reset_next > 0
+            self._reset_next -= doomed
+            if not doomed:
+                self._open.add(client)
+        if doomed:
+            try:
+                client.recv(65536)  # the request arrives, then the connection is reset
+            except OSError:
+                pass
+            self._reset(client)
+            return
+        try:
+            upstream = socket.create_connection(self.upstream)
+        except OSError:
+            self._reset(client)
+            return
+        pump = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
+        pump.start()
+        _pump(client, upstream)
+        pump.join(timeout=5)
+        with self._lock:
+            self._open.discard(client)
+        for sock in (client, upstream):
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    """Copy bytes until either side closes; then half-close the sink."""
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    try:
+        sink.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass

@@ -1,0 +1,228 @@
+"""Security promises, each checked on the real thing:
+
+- an API key (from the environment, or from a Prefect Secret block) never reaches a file, a
+  log, an artifact, a manifest or the console, in a run that succeeds and in runs that fail;
+- dataset source tags and the run name are data, never paths: `../` in them writes nothing
+  outside the work dir;
+- the HTTP clients verify TLS: a server with a self-signed certificate is refused;
+- no pickle, no `torch.load` without `weights_only=True`, no literal `trust_remote_code=True`
+  in the project's code, and every `from_pretrained` passes the config's `trust_remote_code`
+  (or goes through `eaglet/target.py`), so a model's own code runs only when the config says
+  so: a pipeline run on a model that ships code never executes it;
+- a pickled Prefect result planted in the work dir is never unpickled.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+PROJECT_PACKAGES = ("eaglet", "tasks", "flows", "deployments", "benchmarks")
+UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "shelve"}
+# Loaders that never run a model's code (GenerationConfig has no trust_remote_code argument).
+NO_CODE_LOADERS = {"GenerationConfig"}
+# Files allowed to call from_pretrained without the config's flag: the one loading door, and
+# the fixture builder that loads the model it has just written itself.
+LOADING_DOORS = {"eaglet/target.py", "eaglet/fixture/model.py"}
+
+
+def project_files() -> list[Path]:
+    return sorted(p for package in PROJECT_PACKAGES for p in (ROOT / package).rglob("*.py"))
+
+
+def keyword(call: ast.Call, name: str) -> ast.expr | None:
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def call_name(call: ast.Call) -> str:
+    """`a.b.c` for a call of `a.b.c(...)` (the dotted name as written)."""
+    parts = []
+    node = call.func
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def is_true(node: ast.expr | None) -> bool:
+    return isinstance(node, ast.Constant) and node.value is True
+
+
+def unsafe_loading(source: str, where: str) -> list[str]:
+    """Pickle imports, `torch.load` without `weights_only=True`, `allow_pickle=True` and
+    literal `trust_remote_code=True` in one file's source."""
+    problems = []
+    for node in ast.walk(ast.parse(source, where)):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            module = getattr(node, "module", None) or ""
+            names.append(module)
+            bad = {n.split(".")[0] for n in names} & UNSAFE_MODULES
+            if bad:
+                problems.append(f"{where}:{node.lineno}: imports {sorted(bad)}")
+            if module == "torch" and any(a.name == "load" for a in node.names):
+                problems.append(f"{where}:{node.lineno}: imports torch.load by name")
+        if not isinstance(node, ast.Call):
+            continue
+        name = call_name(node)
+        if name.endswith("torch.load") and not is_true(keyword(node, "weights_only")):
+            problems.append(f"{where}:{node.lineno}: torch.load without weights_only=True")
+        if is_true(keyword(node, "allow_pickle")):
+            problems.append(f"{where}:{node.lineno}: allow_pickle=True")
+        if is_true(keyword(node, "trust_remote_code")):
+            problems.append(f"{where}:{node.lineno}: trust_remote_code=True")
+        if name.endswith("read_pickle"):
+            problems.append(f"{where}:{node.lineno}: {name}")
+    return problems
+
+
+def from_pretrained_without_the_flag(source: str, where: str) -> list[str]:
+    """`from_pretrained` calls that do not pass a `trust_remote_code` taken from somewhere
+    (a name or attribute, never a literal)."""
+    problems = []
+    for node in ast.walk(ast.parse(source, where)):
+        if not (isinstance(node, ast.Call) and call_name(node).endswith("from_pretrained")):
+            continue
+        if call_name(node).split(".")[0] in NO_CODE_LOADERS:
+            continue
+        flag = keyword(node, "trust_remote_code")
+        if flag is None or isinstance(flag, ast.Constant):
+            problems.append(
+                f"{where}:{node.lineno}: {call_name(node)} without the config's "
+                f"trust_remote_code ({'missing' if flag is None else ast.unparse(flag)})"
+            )
+    return problems
+
+
+def test_the_scanners_find_what_they_look_for():
+    bad = (
+        "import pickle\nfrom torch import load\nimport torch\nimport numpy as np\n"
+        "torch.load('x')\ntorch.load('x', weights_only=False)\nnp.load('x', allow_pickle=True)\n"
+        "AutoModel.from_pretrained('m', trust_remote_code=True)\n"
+        "AutoTokenizer.from_pretrained('m')\n"
+    )
+    assert len(unsafe_loading(bad, "bad.py")) == 6
+    assert len(from_pretrained_without_the_flag(bad, "bad.py")) == 2
+    good = (
+        "import torch\ntorch.load('x', weights_only=True)\n"
+        "AutoModel.from_pretrained(m, trust_remote_code=target.trust_remote_code)\n"
+        "GenerationConfig.from_pretrained(m)\n"
+    )
+    assert unsafe_loading(good, "good.py") == []
+    assert from_pretrained_without_the_flag(good, "good.py") == []
+
+
+def test_no_pickle_no_unsafe_torch_load_no_literal_trust_remote_code():
+    problems = [
+        problem
+        for path in project_files()
+        for problem in unsafe_loading(path.read_text(), str(path.relative_to(ROOT)))
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_every_from_pretrained_passes_the_configs_trust_remote_code():
+    """Outside the loading doors (eaglet/target.py, the fixture builder), a `from_pretrained`
+    call passes the config's `trust_remote_code`."""
+    problems = [
+        problem
+        for path in project_files()
+        if str(path.relative_to(ROOT)) not in LOADING_DOORS
+        for problem in from_pretrained_without_the_flag(
+            path.read_text(), str(path.relative_to(ROOT))
+        )
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 signed by its own key: (certfile, keyfile)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    certfile, keyfile = folder / "cert.pem", folder / "key.pem"
+    certfile.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    keyfile.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return certfile, keyfile
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "openai"])
+def test_an_https_server_with_a_self_signed_certificate_is_refused(engine, tmp_path):
+    """The engines verify TLS by default: the request never reaches the server, and the
+    failure names the certificate problem. (The same server answers a client that does not
+    verify, so the refusal is the verification's.)"""
+    import httpx2
+
+    from eaglet.config import PipelineConfig
+    from eaglet.engines.registry import make_engine
+    from eaglet.generation import run_generation_sync
+    from eaglet.records.prompts import Prompt
+    from tests.fake_servers import FakeServer, ToyTokenizer, serve
+
+    tokenizer = ToyTokenizer()
+    server = FakeServer(tokenizer)
+    certfile, keyfile = self_signed_certificate(tmp_path)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    prompt = Prompt(
+        sample_id="s0",
+        source="tls",
+        prompt_ids=tokenizer.encode(text),
+        prompt_text=text,
+        messages=[{"role": "user", "content": "hi"}],
+    )
+    with serve(server, ssl_certfile=str(certfile), ssl_keyfile=str(keyfile)) as url:
+        assert url.startswith("https://")
+        config = PipelineConfig.model_validate(
+            {
+                "generation": {
+                    "engine": engine,
+                    "endpoints": [url],
+                    "max_retries": 1,
+                    "retry_backoff_s": 0.01,
+                    "request_timeout_s": 10,
+                }
+            }
+        )
+        out, failed = tmp_path / "generations.jsonl", tmp_path / "failed.jsonl"
+        summary = run_generation_sync(
+            make_engine(config, tokenizer, end_ids=[2]), [prompt], out, failed
+        )
+        assert summary.failed == 1 and summary.written == 0
+        assert server.log == [], "a request reached the server over unverified TLS"
+        message = failed.read_text()
+        assert "CERTIFICATE_VERIFY_FAILED" in message or "certificate" in message.lower(), message
+        assert httpx2.get(f"{url}/health", verify=False).status_code == 200
