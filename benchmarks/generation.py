@@ -43,10 +43,11 @@ from eaglet.records.prompts import Prompt  # noqa: E402
 
 def fixture_prompts(model_dir: Path, n: int) -> list[Prompt]:
     """Rendered prompts of the fixture's held-out conversations, cycled up to n."""
+    from eaglet.config import TargetConfig
     from eaglet.fixture.corpus import generate_conversations, prompt_and_target
-    from eaglet.prompts import load_tokenizer
+    from eaglet.target import load_tokenizer
 
-    tokenizer = load_tokenizer(str(model_dir))
+    tokenizer = load_tokenizer(TargetConfig(model=str(model_dir)))
     prompts = []
     conversations = generate_conversations(min(n, 200), 1, stream="eval")
     for i in range(n):

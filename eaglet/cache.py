@@ -1,49 +1,39 @@
 """Cache keys: what makes a stage's output reusable, and nothing else.
 
-key(stage) = hash(the stage's config subset, the upstream manifests' content hashes, the hash of
-the source of every module the stage's work runs through). Module sources are hashed whole,
-not just the task function (Prefect's TASK_SOURCE misses helpers), and files are hashed by
+key(stage) = hash(the stage's config subset, the upstream manifests' content hashes, the code
+hash of the stage). The code hash covers the source of every module of the project (packages
+`eaglet` and `tasks`) that the stage's task module imports, directly or through others: the
+import closure, computed by parsing the imports (`ast`, function-local and relative imports
+included, with the package `__init__` modules they run), never a hand-kept list. Imports of
+other packages (torch, transformers, site-packages) are not followed. Files are hashed by
 content, never by path, so an edited file changes the key and a moved one does not.
+
+Left out of every closure: modules whose content never decides what a stage writes
+(`NOT_OUTPUT`): the config (a stage is keyed by its config subset, `stage_config`, instead: a
+training setting must not re-run generation), the pre-flight canary (it can stop a run, never
+change a record), the run report, the error classes and this module (the keys themselves).
+The generate stage also hashes the closure of the configured engine's module, and only that
+engine's (from the engine registry): a fix to the HTTP client does not re-key what the local
+engine generated.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
-import importlib.util
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from eaglet.config import PipelineConfig
+from eaglet.engines.registry import engine_spec
 from eaglet.storage import Manifest, canonical_json, sha256_file
 
-# The modules whose source decides each stage's output. Editing any of them re-runs the stage
-# and, through the upstream hashes, every stage after it; editing none re-runs nothing.
-STAGE_MODULES: dict[str, tuple[str, ...]] = {
-    "download": ("eaglet.datasets", "tasks.download"),
-    "tokenize": ("eaglet.prompts", "tasks.tokenize"),
-    "generate": ("eaglet.engines.base", "eaglet.generation", "tasks.generate"),
-    "extract": ("eaglet.reasoning", "eaglet.extract", "tasks.extract"),
-    "hidden_states": ("eaglet.hidden_states.hf", "tasks.hidden_states"),
-    "train": (
-        "eaglet.draft.train",
-        "eaglet.draft.model",
-        "eaglet.draft.vocab",
-        "eaglet.draft.checkpoint",
-        "eaglet.split",
-        "tasks.train",
-    ),
-    "evaluate": ("eaglet.draft.evaluate", "eaglet.draft.model", "eaglet.split", "tasks.evaluate"),
-}
-
-# The generate stage also hashes the modules of the engine it runs, and only those: a fix to
-# the HTTP client does not invalidate what the embedded engine generated.
-ENGINE_MODULES: dict[str, tuple[str, ...]] = {
-    "local": ("eaglet.engines.local",),
-    "vllm": ("eaglet.engines.http", "eaglet.engines.vllm"),
-    "sglang": ("eaglet.engines.http", "eaglet.engines.sglang"),
-    "openai": ("eaglet.engines.http", "eaglet.engines.openai_chat"),
-}
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT_PACKAGES = ("eaglet", "tasks")
+NOT_OUTPUT = frozenset(
+    {"eaglet.config", "eaglet.cache", "eaglet.canary", "eaglet.run_report", "eaglet.errors"}
+)
 
 # Files of a model folder that change what the stages compute. Weights over this size are
 # fingerprinted by size plus their first and last MiB: hashing 100 GB of shards on every run
@@ -51,20 +41,84 @@ ENGINE_MODULES: dict[str, tuple[str, ...]] = {
 _FULL_HASH_LIMIT = 256 << 20
 
 
-def module_source_hash(module: str) -> str:
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
-        raise ModuleNotFoundError(f"cannot find the source of module {module} to hash it")
-    return sha256_file(Path(spec.origin))
+def module_file(module: str, root: Path = ROOT) -> Path | None:
+    """The source file of a project module (`pkg/mod.py` or `pkg/mod/__init__.py`), None for
+    a name outside the project or one that is not a module (an attribute)."""
+    if module.split(".")[0] not in PROJECT_PACKAGES:
+        return None
+    base = root.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _absolute(module: str, node: ast.ImportFrom, is_package: bool) -> str:
+    """The absolute name an `ImportFrom` refers to (relative imports resolved)."""
+    if node.level == 0:
+        return node.module or ""
+    parts = module.split(".")
+    package = parts if is_package else parts[:-1]
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _with_parents(name: str) -> list[str]:
+    """`a.b.c` and the packages importing it runs first: `a`, `a.b`."""
+    parts = name.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def project_imports(module: str, root: Path = ROOT) -> set[str]:
+    """Project modules `module` imports anywhere in its source (function bodies included),
+    with the packages whose `__init__` those imports run."""
+    path = module_file(module, root)
+    if path is None:
+        return set()
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, node, path.name == "__init__.py")
+            # `from pkg import name`: name is a submodule or an attribute of pkg
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            found.update(m for m in _with_parents(name) if module_file(m, root) is not None)
+    found.discard(module)
+    return found
+
+
+def import_closure(roots: tuple[str, ...], root: Path = ROOT) -> tuple[str, ...]:
+    """The roots and every project module they import, transitively, except `NOT_OUTPUT`
+    (which is not followed either), sorted."""
+    seen: set[str] = set()
+    todo = [m for r in roots for m in _with_parents(r) if module_file(m, root) is not None]
+    while todo:
+        module = todo.pop()
+        if module in seen or module in NOT_OUTPUT:
+            continue
+        seen.add(module)
+        todo.extend(project_imports(module, root) - seen)
+    return tuple(sorted(seen))
 
 
 def stage_modules(stage: str, config: PipelineConfig | None = None) -> tuple[str, ...]:
-    modules = STAGE_MODULES[stage]
+    """The modules whose source decides a stage's output: the import closure of its task
+    module `tasks/<stage>.py`, and for generate that of the configured engine."""
+    roots = (f"tasks.{stage}",)
     if stage == "generate" and config is not None:
-        modules += ENGINE_MODULES[config.generation.engine]
-        if config.tokenize.regenerate == "all":  # later turns' prompts depend on the split
-            modules += ("eaglet.turns", "eaglet.reasoning", "eaglet.prompts")
-    return modules
+        roots += (engine_spec(config.generation.engine).module,)
+    return import_closure(roots)
+
+
+def module_source_hash(module: str, root: Path = ROOT) -> str:
+    path = module_file(module, root)
+    if path is None:
+        raise ModuleNotFoundError(f"{module} is not a module of this project: cannot hash it")
+    return sha256_file(path)
 
 
 def code_hash(stage: str, config: PipelineConfig | None = None) -> str:
@@ -153,7 +207,21 @@ def stage_config(stage: str, config: PipelineConfig) -> dict[str, Any]:
             "target": target,
             "target_dtype": config.target.dtype,
         },
-        "train": {"train": config.train.model_dump(), "target": target},
+        "train": {
+            "train": config.train.model_dump(exclude={"threads"}),  # threads: how fast, not what
+            "target": target,
+            # Online, train computes the features itself: what decides them is keyed here.
+            **(
+                {
+                    "online_features": {
+                        "aux_layer_ids": config.hidden_states.aux_layer_ids,
+                        "target_dtype": config.target.dtype,
+                    }
+                }
+                if config.train.hidden_states == "online"
+                else {}
+            ),
+        },
         "evaluate": {"evaluate": config.evaluate.model_dump(), "target": target},
     }
     return subsets[stage]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglet.config import STAGES, ConfigError, PipelineConfig, load_config
+from eaglet.run_report import percent
 from eaglet.storage import PARTIAL_SUFFIX, read_manifest
 
 
@@ -101,7 +102,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     from eaglet.canary import run_canary
     from eaglet.datasets import read_samples
-    from eaglet.prompts import PromptError, load_tokenizer, render_prompt
+    from eaglet.prompts import PromptError, render_prompt
+    from eaglet.target import load_tokenizer
 
     config = load_config(args.config, args.set)
     print(f"config {args.config}: valid")
@@ -115,8 +117,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"disk: {free_gib:.1f} GiB free under {existing.resolve()}")
     if free_gib < 1:
         problems.append(f"less than 1 GiB free for {work_dir}")
-    target = config.target
-    tokenizer = load_tokenizer(target.model, target.trust_remote_code, target.revision)
+    tokenizer = load_tokenizer(config.target)
     prompts = []
     wanted = config.generation.canary_requests
     for spec in config.datasets:
@@ -171,10 +172,6 @@ def _stage_status(work_dir: Path, stage: str, run_keys: dict[str, str]) -> dict[
     }
 
 
-def _percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1%}"
-
-
 def inspect_work_dir(work_dir: Path) -> dict[str, Any]:
     run_file = work_dir / "run.json"
     run_keys = {}
@@ -205,11 +202,12 @@ def inspect_work_dir(work_dir: Path) -> dict[str, Any]:
 
 def show_sample(report: dict[str, Any], sample_id: str) -> int:
     """Print one example with its loss mask: what the draft is trained on, span by span."""
+    from eaglet.config import TargetConfig
     from eaglet.extract import render_loss_mask
-    from eaglet.prompts import end_token_ids, load_tokenizer
     from eaglet.reasoning import detect_format
     from eaglet.records.examples import Example
     from eaglet.records.io import read_jsonl
+    from eaglet.target import end_token_ids, load_tokenizer
 
     extract = report["stages"]["extract"]
     if extract["status"] != "complete":
@@ -227,10 +225,10 @@ def show_sample(report: dict[str, Any], sample_id: str) -> int:
     if example is None:
         print(f"no example with sample_id {sample_id} in {extract['path']}", file=sys.stderr)
         return 2
-    model = manifest.info["target_model"]
-    tokenizer = load_tokenizer(model)
+    target = TargetConfig(model=manifest.info["target_model"])
+    tokenizer = load_tokenizer(target)
     reasoning_format = detect_format(tokenizer, manifest.config["reasoning"]["format"])
-    end_ids = set(end_token_ids(model, tokenizer))
+    end_ids = set(end_token_ids(target, tokenizer))
     print(render_loss_mask(example, tokenizer, reasoning_format, end_ids, sys.stdout.isatty()))
     return 0
 
@@ -256,13 +254,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if quality:
         print(
             f"quality ({quality['reasoning_format']}): capture "
-            f"{_percent(quality['reasoning_capture_rate'])}, "
+            f"{percent(quality['reasoning_capture_rate'])}, "
             f"truncated {quality['truncation_rate']:.1%}"
         )
         for source, figures in quality["per_source"].items():
             print(
                 f"  {source:<10} {figures['records']:>5} records, reasoning captured "
-                f"{_percent(figures['reasoning_capture_rate'])}, thinking in content "
+                f"{percent(figures['reasoning_capture_rate'])}, thinking in content "
                 f"{figures['thinking_in_content']}, truncated {figures['truncation_rate']:.1%}"
             )
     if report["evaluation"]:

@@ -20,11 +20,13 @@ from pydantic import (
     model_validator,
 )
 
+from eaglet.errors import PermanentError
+
 STAGES = ("download", "tokenize", "generate", "extract", "hidden_states", "train", "evaluate")
 Stage = Literal["download", "tokenize", "generate", "extract", "hidden_states", "train", "evaluate"]
 
 
-class ConfigError(ValueError):
+class ConfigError(PermanentError, ValueError):
     """A configuration file or override that cannot be used; the message says where and why."""
 
 

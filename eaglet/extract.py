@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eaglet.errors import PermanentError
 from eaglet.reasoning import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ReasoningFormat, ReasoningSplit
 from eaglet.records.examples import Example
 from eaglet.records.generations import Generation
@@ -30,7 +31,7 @@ TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 LEAKED_THINKING = ("<think>", "</think>")
 
 
-class QualityGateError(RuntimeError):
+class QualityGateError(PermanentError, RuntimeError):
     """The generated data fails a configured quality threshold."""
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from eaglet.errors import is_transient_status
 from eaglet.records.generations import Generation
 from eaglet.records.io import Record, record_line, repair_and_read_ids
 from eaglet.records.prompts import Prompt
@@ -68,10 +69,15 @@ class GenerationProgress:
 
 
 class TooManyFailuresError(RuntimeError):
-    """More prompts failed for good than `generation.max_failure_fraction` allows."""
+    """More prompts failed for good than `generation.max_failure_fraction` allows.
+
+    `transient` (read by `eaglet.errors.is_transient`, so by the task's retries): some failures
+    were connection errors, timeouts, 429 or 5xx, which a retry may get past; when every one
+    was a 4xx (the server refusing these requests), a retry fails the same way."""
 
     def __init__(self, summary: GenerationSummary, max_fraction: float) -> None:
         self.summary = summary
+        self.transient = summary.transient_failures > 0
         examples = "; ".join(f"{f.sample_id}: {f.message}" for f in summary.failure_examples)
         super().__init__(
             f"{summary.failed} of {summary.total} prompts failed "
@@ -94,6 +100,7 @@ class GenerationSummary:
     finish_reasons: dict[str, int] = field(default_factory=dict)  # this run's records
     retried_failures: int = 0  # prompts listed in failed.jsonl by the previous run
     stopped_early: bool = False  # stopped once max_failure_fraction could no longer hold
+    transient_failures: int = 0  # failures without a 4xx answer (connection, timeout, 5xx)
     failure_examples: list[Failure] = field(default_factory=list)  # the first few
     out_path: str = ""
     failed_path: str = ""
@@ -287,6 +294,7 @@ async def run_generation(
                     failed.write(record_line(item))
                     failed.flush()
                     summary.failed += 1
+                    summary.transient_failures += is_transient_status(item.status)
                     if len(summary.failure_examples) < 3:
                         summary.failure_examples.append(item)
                     if limit is not None and summary.failed > limit:

@@ -35,6 +35,23 @@ def load_tokenizer(target: TargetConfig):
     )
 
 
+def end_token_ids(target: TargetConfig, tokenizer) -> list[int]:
+    """Token ids that end the target's turn: its generation config's eos ids, else the
+    tokenizer's eos token."""
+    from transformers import GenerationConfig
+
+    try:
+        configured = GenerationConfig.from_pretrained(
+            target.model, revision=target.revision, trust_remote_code=target.trust_remote_code
+        ).eos_token_id
+    except OSError:  # no generation_config.json
+        configured = None
+    if configured is None:
+        configured = tokenizer.eos_token_id
+    ids = configured if isinstance(configured, list) else [configured]
+    return [int(i) for i in ids if i is not None]
+
+
 def load_config(target: TargetConfig):
     """The target's transformers config (its text config for multimodal models)."""
     from transformers import AutoConfig

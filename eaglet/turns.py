@@ -26,11 +26,11 @@ from eaglet.generation import (
     run_generation,
     run_sync,
 )
-from eaglet.prompts import end_token_ids
 from eaglet.reasoning import ReasoningFormat, detect_format
 from eaglet.records.generations import Generation
 from eaglet.records.io import read_jsonl, write_jsonl
 from eaglet.records.prompts import TURN_SEPARATOR, Prompt, conversation_id
+from eaglet.target import end_token_ids
 
 # Parts of a split that are the answer the next turn's template renders as `content`.
 ANSWER_PARTS = ("content", "tool_call")
@@ -166,11 +166,10 @@ def generate_every_turn(
 ) -> GenerationSummary:
     """The generate stage for `regenerate="all"`: records of every turn in
     `generations.jsonl`, the later turns' prompts in `turn_prompts.jsonl`."""
-    target = config.target
     reasoning_format = detect_format(
         tokenizer, config.reasoning.format, config.tokenize.chat_template_kwargs
     )
-    end_ids = set(end_token_ids(target.model, tokenizer, target.revision))
+    end_ids = set(end_token_ids(config.target, tokenizer))
 
     def next_prompt(prompt: Prompt, generation: Generation) -> Prompt | None:
         return next_turn_prompt(

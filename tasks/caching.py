@@ -1,5 +1,6 @@
-"""The one cache policy of every stage task, the call that runs a stage into its folder, and
-the on_failure hook that says what a failed stage left behind and how to resume.
+"""The one declaration of every stage task (`stage_task`), its cache policy, the call that runs
+a stage into its folder, and the on_failure hook that says what a failed stage left behind and
+how to resume.
 
 Prefect's cache key for a stage task is the stage key of `eaglet.cache` (config subset +
 upstream manifest hashes + code hash of the stage's modules), so Prefect reports a stage as
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefect import Task, get_run_logger
+from prefect import Task, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import CachePolicy
 from prefect.client.schemas.objects import TaskRun
@@ -24,6 +25,7 @@ from prefect.states import State
 
 from eaglet.cache import code_hash, stage_config, stage_key
 from eaglet.config import PipelineConfig
+from eaglet.errors import is_transient
 from eaglet.run_report import failure_entry, failure_note, read_run_record
 from eaglet.storage import (
     PARTIAL_SUFFIX,
@@ -135,4 +137,36 @@ def report_stage_failure(task: Task, task_run: TaskRun, state: State) -> None:
         note,
         key=f"{stage.replace('_', '-')}-failure",
         description=f"{stage} failed: partial outputs and how to resume",
+    )
+
+
+def retry_only_transient(task: Task, task_run: TaskRun, state: State) -> bool:
+    """Prefect's `retry_condition_fn` of every stage task: retry a transient fault (connection,
+    timeout, 429, 5xx, a killed worker), never a deterministic one (a canary or config error,
+    the quality gate, failures that were all 4xx): that would fail again, only later."""
+    error = state.result(raise_on_failure=False)
+    retry = isinstance(error, BaseException) and is_transient(error)
+    if not retry and task.retries:
+        get_run_logger().error(
+            "%s failed for a reason a retry cannot mend (%s): not retrying",
+            task.name,
+            type(error).__name__ if isinstance(error, BaseException) else state.name,
+        )
+    return retry
+
+
+def stage_task(stage: str, retries: int = 0, retry_delay_seconds: list[float] | None = None):
+    """The Prefect task declaration of a stage: named `<stage>[<config name>]`, cached by the
+    stage key, its result persisted as JSON (the manifest), the failure hook above, and
+    `retries` (with `retry_delay_seconds`) for transient faults only."""
+    return task(
+        name=stage,
+        task_run_name=stage + "[{config.name}]",
+        cache_policy=StageCache(stage=stage),
+        on_failure=[report_stage_failure],  # says what the partial folder holds, how to resume
+        persist_result=True,
+        result_serializer="json",
+        retries=retries,
+        retry_delay_seconds=retry_delay_seconds or 0,
+        retry_condition_fn=retry_only_transient,
     )

@@ -5,27 +5,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from eaglet.config import PipelineConfig
 from eaglet.draft.evaluate import evaluate_draft, plot_acceptance
-from eaglet.prompts import end_token_ids, load_tokenizer
 from eaglet.records.io import read_jsonl
 from eaglet.records.prompts import Prompt
 from eaglet.split import is_heldout
 from eaglet.storage import StageOutput, write_json_atomic
-from tasks.caching import StageCache, report_stage_failure, run_stage_task
+from eaglet.target import end_token_ids, load_tokenizer
+from tasks.caching import run_stage_task, stage_task
 
 
-@task(
-    name="evaluate",
-    task_run_name="evaluate[{config.name}]",
-    cache_policy=StageCache(stage="evaluate"),
-    on_failure=[report_stage_failure],  # says what the partial folder holds, how to resume
-    persist_result=True,
-    result_serializer="json",
-)
+@stage_task("evaluate")
 def evaluate(config: PipelineConfig, draft: dict, prompts: dict, refresh: bool = False) -> dict:
     logger = get_run_logger()
 
@@ -42,13 +35,13 @@ def evaluate(config: PipelineConfig, draft: dict, prompts: dict, refresh: bool =
                 f"no held-out prompts: train.holdout_fraction={fraction} left none of "
                 f"{prompts['counts']['records']} prompts for evaluation; raise it"
             )
-        tokenizer = load_tokenizer(config.target.model, config.target.trust_remote_code)
+        tokenizer = load_tokenizer(config.target)
         common = dict(
             target_model_dir=Path(config.target.model),
             prompts=heldout,
             num_speculative_tokens=settings.num_speculative_tokens,
             max_new_tokens=settings.max_new_tokens,
-            eos_token_ids=end_token_ids(config.target.model, tokenizer),
+            eos_token_ids=end_token_ids(config.target, tokenizer),
             aux_layer_ids=draft["info"]["aux_layer_ids"],
         )
         draft_dir = Path(draft["path"]) / "draft"

@@ -8,19 +8,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from eaglet.config import PipelineConfig
 from eaglet.extract import check_quality_gate, write_examples
-from eaglet.prompts import end_token_ids, load_tokenizer
 from eaglet.reasoning import detect_format
+from eaglet.run_report import percent
 from eaglet.storage import StageOutput
-from tasks.caching import StageCache, report_stage_failure, run_stage_task
-
-
-def _percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1%}"
+from eaglet.target import end_token_ids, load_tokenizer
+from tasks.caching import run_stage_task, stage_task
 
 
 def _quality_markdown(report: dict) -> str:
@@ -33,7 +30,7 @@ def _quality_markdown(report: dict) -> str:
     ]
     for source, f in report["per_source"].items():
         lines.append(
-            f"| {source} | {f['records']} | {_percent(f['reasoning_capture_rate'])} | "
+            f"| {source} | {f['records']} | {percent(f['reasoning_capture_rate'])} | "
             f"{f['thinking_in_content']} | {f['truncation_rate']:.1%} | "
             f"{f['reasoning_token_share']:.1%} | {f['sequence_tokens'].get('p50', 0):.0f} | "
             f"{f['template_mismatches']} | {f['server_reasoning_disagreements']} |"
@@ -46,14 +43,7 @@ def _quality_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-@task(
-    name="extract",
-    task_run_name="extract[{config.name}]",
-    cache_policy=StageCache(stage="extract"),
-    on_failure=[report_stage_failure],  # says what the partial folder holds, how to resume
-    persist_result=True,
-    result_serializer="json",
-)
+@stage_task("extract")
 def extract(
     config: PipelineConfig, generations: dict, prompts: dict, refresh: bool = False
 ) -> dict:
@@ -61,7 +51,7 @@ def extract(
 
     def body(folder: Path) -> StageOutput:
         target = config.target
-        tokenizer = load_tokenizer(target.model, target.trust_remote_code, target.revision)
+        tokenizer = load_tokenizer(target)
         reasoning_format = detect_format(
             tokenizer, config.reasoning.format, config.tokenize.chat_template_kwargs
         )
@@ -74,7 +64,7 @@ def extract(
             out_dir=folder,
             tokenizer=tokenizer,
             reasoning_format=reasoning_format,
-            end_ids=set(end_token_ids(target.model, tokenizer, target.revision)),
+            end_ids=set(end_token_ids(target, tokenizer)),
             chat_template_kwargs=config.tokenize.chat_template_kwargs,
         )
         create_markdown_artifact(_quality_markdown(report), key="data-quality")
@@ -88,7 +78,7 @@ def extract(
         logger.info(
             "reasoning format %s; capture rate %s, truncation %.1f%%",
             reasoning_format.name,
-            _percent(report["reasoning_capture_rate"]),
+            percent(report["reasoning_capture_rate"]),
             100 * report["truncation_rate"],
         )
         check_quality_gate(

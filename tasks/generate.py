@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 from prefect.artifacts import (
     create_progress_artifact,
     create_table_artifact,
@@ -20,19 +20,19 @@ from prefect.exceptions import ObjectNotFound
 
 from eaglet.canary import run_canary
 from eaglet.config import PipelineConfig
-from eaglet.engines import make_engine
+from eaglet.engines.registry import engine_spec, make_engine
 from eaglet.generation import (
     Failure,
     GenerationProgress,
     TooManyFailuresError,
     run_generation_sync,
 )
-from eaglet.prompts import load_tokenizer
 from eaglet.records.io import read_jsonl
 from eaglet.records.prompts import Prompt
 from eaglet.storage import Manifest, StageOutput
+from eaglet.target import load_tokenizer
 from eaglet.turns import generate_every_turn
-from tasks.caching import StageCache, report_stage_failure, run_stage_task
+from tasks.caching import run_stage_task, stage_task
 
 
 def _failed_samples_artifact(failed_path: Path) -> None:
@@ -67,16 +67,7 @@ def _has_failures(manifest: Manifest) -> bool:
     return manifest.counts.get("failed", 0) > 0
 
 
-@task(
-    name="generate",
-    task_run_name="generate[{config.name}]",
-    cache_policy=StageCache(stage="generate"),
-    on_failure=[report_stage_failure],  # says what the partial folder holds, how to resume
-    persist_result=True,
-    result_serializer="json",
-    retries=3,  # a retry resumes from the records already on disk
-    retry_delay_seconds=[10, 60, 300],
-)
+@stage_task("generate", retries=3, retry_delay_seconds=[10, 60, 300])  # resumes from its records
 def generate(
     config: PipelineConfig, prompts: dict, refresh: bool = False, retry_failed: bool = False
 ) -> dict:
@@ -85,11 +76,10 @@ def generate(
     logger = get_run_logger()
 
     def body(folder: Path) -> StageOutput:
-        target = config.target
         all_prompts = list(read_jsonl(Path(prompts["path"]) / "prompts.jsonl", Prompt))
-        tokenizer = load_tokenizer(target.model, target.trust_remote_code, target.revision)
+        tokenizer = load_tokenizer(config.target)
         api_key = secret_api_key(config)
-        if config.generation.engine != "local":
+        if engine_spec(config.generation.engine).needs_server:
             canary = run_canary(config, tokenizer, all_prompts, api_key=api_key)
             logger.info("canary:\n%s", canary.render())
             canary.raise_if_failed()

@@ -27,27 +27,14 @@ from eaglet.hidden_states.stage import (
     stage_body,
 )
 from eaglet.storage import read_manifest, stage_dir
-from tasks.caching import (
-    StageCache,
-    partial_folder,
-    report_stage_failure,
-    run_stage_task,
-)
+from tasks.caching import partial_folder, run_stage_task, stage_task
 
 
 def _examples_path(config: PipelineConfig, examples: dict) -> Path:
     return stage_dir(config.work_dir, examples) / "examples.jsonl"
 
 
-@task(
-    name="hidden_states",
-    task_run_name="hidden_states[{config.name}]",
-    cache_policy=StageCache(stage="hidden_states"),
-    on_failure=[report_stage_failure],  # says what the partial folder holds, how to resume
-    persist_result=True,
-    result_serializer="json",
-    retries=1,  # a killed worker: finished shards are kept, the rest is built again
-)
+@stage_task("hidden_states", retries=1)  # a killed worker: finished shards are kept
 def hidden_states(config: PipelineConfig, examples: dict, refresh: bool = False) -> dict:
     logger = get_run_logger()
     progress_id = create_progress_artifact(

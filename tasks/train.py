@@ -10,7 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 from prefect.artifacts import (
     create_markdown_artifact,
     create_progress_artifact,
@@ -21,7 +21,7 @@ from eaglet.config import PipelineConfig
 from eaglet.draft.train import TrainSettings, train_draft
 from eaglet.split import is_heldout
 from eaglet.storage import StageOutput
-from tasks.caching import StageCache, report_stage_failure, run_stage_task
+from tasks.caching import run_stage_task, stage_task
 
 
 def _heldout_ids(features_dir: Path, fraction: float) -> set[str]:
@@ -30,15 +30,7 @@ def _heldout_ids(features_dir: Path, fraction: float) -> set[str]:
     return {i for i in ids if is_heldout(i, fraction)}
 
 
-@task(
-    name="train",
-    task_run_name="train[{config.name}]",
-    cache_policy=StageCache(stage="train"),
-    on_failure=[report_stage_failure],  # says what the partial folder holds, how to resume
-    persist_result=True,
-    result_serializer="json",
-    retries=1,
-)
+@stage_task("train", retries=1)  # resumes from the last checkpoint
 def train(config: PipelineConfig, features: dict, refresh: bool = False) -> dict:
     logger = get_run_logger()
     features_dir = Path(features["path"])

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from eaglet.prompts import load_tokenizer
+from eaglet.config import TargetConfig
+from eaglet.target import load_tokenizer
 from tests.conftest import run_cli, write_http_run_config
 from tests.fake_servers import FakeServer, serve
 
@@ -29,7 +30,7 @@ def test_generate_reads_the_key_from_a_prefect_secret_block(
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert saved.returncode == 0, saved.stderr[-2000:]
-    server = FakeServer(load_tokenizer(str(fixture_model_dir)), api_key=KEY)
+    server = FakeServer(load_tokenizer(TargetConfig(model=str(fixture_model_dir))), api_key=KEY)
     with serve(server) as url:
         config_path = write_http_run_config(
             tmp_path, fixture_model_dir, sample_data_dir, url, samples=4,

@@ -21,17 +21,17 @@ import httpx
 import pytest
 
 from eaglet.canary import PARSER_HINT, run_canary
-from eaglet.config import PipelineConfig
+from eaglet.config import PipelineConfig, TargetConfig
 from eaglet.engines.base import SamplingParams
-from eaglet.engines.http import make_http_engine
 from eaglet.engines.local import LocalEngine
+from eaglet.engines.registry import make_engine
 from eaglet.extract import server_reasoning_text
 from eaglet.generation import run_generation_sync
-from eaglet.prompts import load_tokenizer
 from eaglet.reasoning import detect_format
 from eaglet.records.generations import Generation
 from eaglet.records.io import read_jsonl, repair_and_read_ids, write_jsonl
 from eaglet.records.prompts import Prompt
+from eaglet.target import load_tokenizer
 from tests.vllm_server import ROOT, vllm_python, vllm_server
 
 pytestmark = [
@@ -45,7 +45,7 @@ N_PROMPTS = 8
 
 @pytest.fixture(scope="module")
 def tokenizer(fixture_model_dir):
-    return load_tokenizer(str(fixture_model_dir))
+    return load_tokenizer(TargetConfig(model=str(fixture_model_dir)))
 
 
 def fixture_prompts(tokenizer, n: int, stream: str = "eval") -> list[Prompt]:
@@ -82,7 +82,9 @@ def prompts(tokenizer) -> list[Prompt]:
 
 @pytest.fixture(scope="module")
 def local_records(fixture_model_dir, prompts) -> dict[str, Generation]:
-    engine = LocalEngine(str(fixture_model_dir), SamplingParams(max_tokens=MAX_TOKENS), 1)
+    engine = LocalEngine(
+        TargetConfig(model=str(fixture_model_dir)), SamplingParams(max_tokens=MAX_TOKENS), 1
+    )
     return {g.sample_id: g for g in engine.generate(prompts)}
 
 
@@ -113,7 +115,7 @@ def config_for(model_dir: Path, url: str, engine: str) -> PipelineConfig:
 
 
 def generate(config, tokenizer, prompts, tmp_path) -> dict[str, Generation]:
-    engine = make_http_engine(config, tokenizer)
+    engine = make_engine(config, tokenizer)
     out = tmp_path / f"{config.generation.engine}.jsonl"
     summary = run_generation_sync(engine, prompts, out, tmp_path / "failed.jsonl")
     assert summary.failed == 0 and summary.written == len(prompts)
@@ -158,7 +160,7 @@ def test_openai_text_rebuild_reads_like_the_tokens(
     """Without token ids, the openai engine rebuilds the raw output from the text fields;
     decoded, it reads exactly like the model's own tokens (the ids may tokenize differently)."""
     url, parser = server
-    engine = make_http_engine(config_for(fixture_model_dir, url, "openai"), tokenizer)
+    engine = make_engine(config_for(fixture_model_dir, url, "openai"), tokenizer)
     engine._ask_token_ids = False
 
     async def run():
@@ -194,16 +196,16 @@ def test_canary(server, fixture_model_dir, tokenizer, prompts):
 KILL_CHILD = """
 import sys
 from pathlib import Path
-from eaglet.config import PipelineConfig
-from eaglet.engines.http import make_http_engine
+from eaglet.config import PipelineConfig, TargetConfig
+from eaglet.engines.registry import make_engine
 from eaglet.generation import run_generation_sync
-from eaglet.prompts import load_tokenizer
+from eaglet.target import load_tokenizer
 from eaglet.records.io import read_jsonl
 from eaglet.records.prompts import Prompt
 
 config_json, prompts_path, out, failed = sys.argv[1:5]
 config = PipelineConfig.model_validate_json(config_json)
-engine = make_http_engine(config, load_tokenizer(config.target.model))
+engine = make_engine(config, load_tokenizer(config.target))
 prompts = list(read_jsonl(Path(prompts_path), Prompt))
 run_generation_sync(engine, prompts, Path(out), Path(failed))
 """
@@ -262,7 +264,7 @@ def test_sigkill_mid_run_then_resume_sends_no_finished_sample_again(
     assert 20 <= len(finished) < len(prompts)
     count_before, tokens_before = server_counts(url)
 
-    summary = run_generation_sync(make_http_engine(config, tokenizer), prompts, out, failed)
+    summary = run_generation_sync(make_engine(config, tokenizer), prompts, out, failed)
 
     count_after, tokens_after = server_counts(url)
     unfinished = [p for p in prompts if p.sample_id not in finished]

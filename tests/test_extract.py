@@ -10,6 +10,7 @@ import json
 
 import torch
 
+from eaglet.config import TargetConfig
 from eaglet.draft.train import shift_left
 from eaglet.extract import (
     _SPAN_STYLE,
@@ -20,12 +21,12 @@ from eaglet.extract import (
     template_mismatch,
     write_examples,
 )
-from eaglet.prompts import load_tokenizer
 from eaglet.reasoning import FORMATS, detect_format
 from eaglet.records.examples import Example
 from eaglet.records.generations import Generation
 from eaglet.records.io import read_jsonl, write_jsonl
 from eaglet.records.prompts import Prompt
+from eaglet.target import load_tokenizer
 from tests.test_reasoning_golden import qwen3_tokenizer
 
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -215,7 +216,7 @@ def test_every_part_kind_of_every_format_has_a_loss_mask_viewer_style():
 def test_a_cut_off_tool_call_is_reported_as_a_template_mismatch_not_a_crash(fixture_model_dir):
     """A call cut at max_tokens is not valid JSON and has no chat-message form; the template
     check must say the re-render differs, where a template would fail on a missing field."""
-    tokenizer = load_tokenizer(str(fixture_model_dir))
+    tokenizer = load_tokenizer(TargetConfig(model=str(fixture_model_dir)))
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
     text = tokenizer.apply_chat_template(

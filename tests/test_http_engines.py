@@ -10,13 +10,16 @@ import asyncio
 import json
 import logging
 import time
+import typing
 
 import pytest
 
 from eaglet.canary import PARSER_HINT, run_canary
-from eaglet.config import PipelineConfig
-from eaglet.engines.http import bounded_map, make_http_engine, retry_after_seconds
+from eaglet.config import GenerationConfig, PipelineConfig
+from eaglet.engines.base import SamplingParams
+from eaglet.engines.http import bounded_map, retry_after_seconds
 from eaglet.engines.openai_chat import OpenAIChatEngine
+from eaglet.engines.registry import ENGINES, engine_spec, make_engine
 from eaglet.engines.sglang import SGLangEngine
 from eaglet.engines.vllm import VLLMEngine
 from eaglet.generation import Failure
@@ -61,7 +64,7 @@ def collect(engine, prompts) -> list[Generation | Failure]:
 
 
 def engine_for(config: PipelineConfig, **kwargs):
-    return make_http_engine(config, TOKENIZER, end_ids=[EOS_ID], **kwargs)
+    return make_engine(config, TOKENIZER, end_ids=[EOS_ID], **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -367,12 +370,20 @@ def test_equal_endpoints_share_the_load():
     assert abs(len(one.log) - len(two.log)) <= 8
 
 
-def test_a_dead_endpoint_does_not_take_the_traffic():
+def test_a_dead_endpoint_does_not_take_the_traffic(caplog):
+    """An endpoint that refused a connection is marked down and skipped: with one retry per
+    prompt, every prompt still succeeds and only the requests sent before the first refusal
+    (at most `concurrency`) hit it. Without down-marking the dead endpoint, never busy, wins
+    every least-outstanding pick, and prompts fail after hitting it twice."""
     alive = FakeServer(TOKENIZER, delay_s=0.01)
+    caplog.set_level(logging.WARNING, logger="eaglet.engines.http")
     with serve(alive) as url:
-        config = make_config([f"http://127.0.0.1:{free_port()}", url], concurrency=2)
+        config = make_config([f"http://127.0.0.1:{free_port()}", url], concurrency=2, max_retries=1)
         items = collect(engine_for(config), map(make_prompt, range(20)))
     assert all(isinstance(i, Generation) for i in items)
+    refused = [r for r in caplog.records if "connection to" in r.getMessage()]
+    assert len(refused) <= 2, [r.getMessage() for r in refused]
+    assert len(alive.log) == 20
 
 
 # --- the API key ------------------------------------------------------------------------
@@ -493,6 +504,48 @@ def test_canary_explains_a_400(server):
 def test_engines_are_built_by_name():
     for name, cls in (("vllm", VLLMEngine), ("sglang", SGLangEngine), ("openai", OpenAIChatEngine)):
         assert type(engine_for(make_config(["http://127.0.0.1:1"], name))) is cls
+        assert ENGINES[name].needs_server
+
+
+def test_the_registry_lists_exactly_the_engines_the_config_accepts():
+    accepted = typing.get_args(GenerationConfig.model_fields["engine"].annotation)
+    assert set(ENGINES) == set(accepted)
+    for spec in ENGINES.values():
+        cls = spec.engine_class()
+        assert cls.name == spec.name and callable(cls.from_config)
+    with pytest.raises(ValueError, match="not an engine; choose one of local, vllm"):
+        engine_spec("tgi")
+
+
+@pytest.mark.parametrize(
+    ("finish", "matched", "expected"),
+    [("stop", None, EOS_ID), ("stop", 7, 7), ("stop", "</answer>", None), ("length", None, None)],
+)
+def test_stop_token_from_what_the_server_matched(finish, matched, expected):
+    engine = engine_for(make_config(["http://127.0.0.1:1"]))
+    assert engine.stop_token(finish, matched) == expected
+
+
+def test_every_engine_sends_the_same_sampling_parameters():
+    config = make_config(
+        ["http://127.0.0.1:1"], temperature=0.7, top_p=0.9, seed=5, stop=["END"], max_tokens=33
+    )
+    expected = SamplingParams(max_tokens=33, temperature=0.7, top_p=0.9, seed=5, stop=["END"])
+    assert SamplingParams.from_generation(config.generation) == expected
+    sent = {}
+    for name in ("vllm", "sglang", "openai"):
+        generation = config.generation.model_copy(update={"engine": name})
+        engine = engine_for(config.model_copy(update={"generation": generation}))
+        sent[name] = engine.request_for(make_prompt(1))[1]
+    wanted = (33, 0.7, 0.9, 5, ["END"])
+    for name in ("vllm", "openai"):
+        body = sent[name]
+        assert tuple(body[k] for k in ("max_tokens", "temperature", "top_p", "seed", "stop")) == (
+            wanted
+        )
+    params = sent["sglang"]["sampling_params"]
+    keys = ("max_new_tokens", "temperature", "top_p", "sampling_seed", "stop")
+    assert tuple(params[k] for k in keys) == wanted
 
 
 def test_wire_messages_send_tool_arguments_as_json_strings():

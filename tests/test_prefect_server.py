@@ -277,13 +277,14 @@ def test_a_run_cancelled_mid_generation_resumes_without_resending_finished_sampl
     """Cancel a flow run (what the UI's Cancel button does) while it generates, start the
     same run again: it resumes the partial folder, and the server is sent only the samples
     that were not written before the cancel (after the canary's probe requests)."""
-    from eaglet.prompts import load_tokenizer
+    from eaglet.config import TargetConfig
     from eaglet.records.generations import Generation
     from eaglet.records.io import read_jsonl
     from eaglet.records.prompts import Prompt
+    from eaglet.target import load_tokenizer
     from tests.fake_servers import FakeServer, serve
 
-    server = FakeServer(load_tokenizer(str(fixture_model_dir)), delay_s=0.5)
+    server = FakeServer(load_tokenizer(TargetConfig(model=str(fixture_model_dir))), delay_s=0.5)
     with serve(server) as url:
         config = _config(
             tmp_path, fixture_model_dir, sample_data_dir, "name=cancel",

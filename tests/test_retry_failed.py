@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from eaglet.config import TargetConfig
 from eaglet.generation import Failure
-from eaglet.prompts import load_tokenizer
 from eaglet.records.generations import Generation
 from eaglet.records.io import read_jsonl
+from eaglet.target import load_tokenizer
 from tests.conftest import run_cli, write_http_run_config
 from tests.fake_servers import FakeServer, serve
 
@@ -26,7 +27,7 @@ def generate_stage(work_dir: Path) -> tuple[str, Path]:
 
 def test_retry_failed_sends_only_the_failed_samples(tmp_path, fixture_model_dir, sample_data_dir):
     # The fake server answers in the fixture's own tokens, so the canary's checks hold.
-    server = FakeServer(load_tokenizer(str(fixture_model_dir)))
+    server = FakeServer(load_tokenizer(TargetConfig(model=str(fixture_model_dir))))
     with serve(server) as url:
         config_path = write_http_run_config(
             tmp_path, fixture_model_dir, sample_data_dir, url, samples=6,

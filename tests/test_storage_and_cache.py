@@ -1,13 +1,16 @@
 """Stage folders are atomic and cache keys move exactly when config, upstream or code move."""
 
 import json
+import os
+import shutil
+import subprocess
 import sys
-import textwrap
+from pathlib import Path
 
 import pytest
 
 from eaglet import cache
-from eaglet.config import load_config
+from eaglet.config import STAGES, load_config
 from eaglet.records.io import repair_and_read_ids
 from eaglet.storage import StageOutput, read_manifest, run_stage
 
@@ -88,20 +91,136 @@ def test_stage_key_changes_with_config_of_the_stage_only(tmp_path):
     assert cache.stage_key("generate", faster, []) == cache.stage_key("generate", base, [])
 
 
-def test_code_hash_covers_helpers_in_the_whole_module(tmp_path, monkeypatch):
-    module = tmp_path / "eaglet_probe_module.py"
-    module.write_text(
-        textwrap.dedent("""
-        def helper():
-            return 1
-    """)
+def test_closure_follows_local_relative_and_package_imports_but_not_site_packages(tmp_path):
+    files = {
+        "eaglet/__init__.py": "",
+        "eaglet/config.py": "import eaglet.never  # not followed: config is keyed by its subset\n",
+        "eaglet/never.py": "",
+        "eaglet/sub/__init__.py": "",
+        "eaglet/sub/helper.py": "from .leaf import VALUE\n",
+        "eaglet/sub/leaf.py": "VALUE = 1\n",
+        "eaglet/lazy.py": "def run():\n    from eaglet.sub import helper\n    return helper\n",
+        "eaglet/unused.py": "",
+        "tasks/__init__.py": "",
+        "tasks/probe.py": "import torch\nfrom eaglet import lazy\nfrom eaglet.config import X\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    closure = cache.import_closure(("tasks.probe",), root=tmp_path)
+    assert closure == (
+        "eaglet",
+        "eaglet.lazy",
+        "eaglet.sub",
+        "eaglet.sub.helper",
+        "eaglet.sub.leaf",
+        "tasks",
+        "tasks.probe",
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(cache.STAGE_MODULES, "probe", ("eaglet_probe_module",))
-    before = cache.code_hash("probe")
-    module.write_text(module.read_text().replace("return 1", "return 2"))
-    sys.modules.pop("eaglet_probe_module", None)
-    assert cache.code_hash("probe") != before
+
+
+def test_stage_closures_hold_the_modules_a_hand_kept_list_missed():
+    config = load_config(None, [])
+    generate = cache.stage_modules("generate", config)
+    assert {"eaglet.engines", "eaglet.engines.local", "eaglet.target"} <= set(generate)
+    assert "eaglet.engines.http" not in generate  # only the configured engine counts
+    for stage in ("tokenize", "extract", "evaluate"):  # each loads the target's tokenizer
+        assert "eaglet.target" in cache.stage_modules(stage, config), stage
+    assert "eaglet.draft.checkpoint" in cache.stage_modules("evaluate", config)
+    assert "eaglet.records.examples" not in generate  # extract's record type
+    for stage in STAGES:
+        assert not set(cache.stage_modules(stage, config)) & cache.NOT_OUTPUT
+    vllm = load_config(None, ["generation.engine=vllm", "generation.endpoints=[http://x]"])
+    assert "eaglet.engines.http" in cache.stage_modules("generate", vllm)
+
+
+# Which stages' manifests each stage reads (tasks/caching.py::UPSTREAM by stage name).
+UPSTREAM_STAGES = {
+    "download": [],
+    "tokenize": ["download"],
+    "generate": ["tokenize"],
+    "extract": ["generate", "tokenize"],
+    "hidden_states": ["extract"],
+    "train": ["hidden_states"],
+    "evaluate": ["train", "tokenize"],
+}
+
+KEYS_SCRIPT = """
+import json, sys
+from pathlib import Path
+from eaglet import cache
+from eaglet.config import STAGES, load_config
+from eaglet.storage import Manifest
+assert cache.ROOT == Path.cwd().resolve(), (cache.ROOT, Path.cwd())
+upstream_of = json.loads(sys.argv[1])
+keys = {}
+for engine in ("local", "vllm"):
+    config = load_config(None, [f"generation.engine={engine}", "generation.endpoints=[http://x]"])
+    for stage in STAGES:
+        upstream = [
+            Manifest(stage=u, key=keys[engine, u], path="", code_hash="", config={}, started=0,
+                     finished=0)
+            for u in upstream_of[stage]
+        ]
+        keys[engine, stage] = cache.stage_key(stage, config, upstream)
+closures = {s: cache.stage_modules(s, load_config(None, [])) for s in STAGES}
+print(json.dumps({"keys": {f"{e}:{s}": k for (e, s), k in keys.items()}, "closures": closures}))
+"""
+
+
+def _keys_of(tree) -> dict:
+    """Every stage's key (local and vllm engines) and closure, computed by a fresh Python in
+    the copied tree, with each stage's upstream manifest named by the upstream stage's key."""
+    result = subprocess.run(
+        [sys.executable, "-c", KEYS_SCRIPT, json.dumps(UPSTREAM_STAGES)],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_editing_a_module_rekeys_exactly_its_stage_and_the_ones_after(tmp_path):
+    root = Path(cache.ROOT)
+    tree = tmp_path / "tree"
+    for package in ("eaglet", "tasks"):
+        shutil.copytree(
+            root / package, tree / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    before = _keys_of(tree)
+    closures = before["closures"]
+
+    def edit_and_diff(module: str) -> set[str]:
+        path = cache.module_file(module, tree)
+        original = path.read_text()
+        path.write_text(original + "\n# edited by the test\n")
+        try:
+            after = _keys_of(tree)["keys"]
+        finally:
+            path.write_text(original)
+        return {name for name, key in after.items() if before["keys"][name] != key}
+
+    for index, stage in enumerate(STAGES):
+        earlier = set().union(*(closures[s] for s in STAGES[:index]))
+        own = sorted(m for m in closures[stage] if m not in earlier)
+        module = next((m for m in own if m.startswith("eaglet.")), f"tasks.{stage}")
+        changed = edit_and_diff(module)
+        expected = {f"{e}:{s}" for e in ("local", "vllm") for s in STAGES[index:]}
+        assert changed == expected, (stage, module)
+
+    # A record type re-keys the stage that writes it and the later ones, never generate.
+    assert edit_and_diff("eaglet.records.examples") == {
+        f"{e}:{s}" for e in ("local", "vllm") for s in STAGES[STAGES.index("extract") :]
+    }
+    # A fix to the HTTP client re-keys what the vllm engine generated, not the local engine's.
+    assert edit_and_diff("eaglet.engines.http") == {
+        f"vllm:{s}" for s in STAGES[STAGES.index("generate") :]
+    }
+    # The config is keyed by each stage's subset of it, not by its source.
+    assert edit_and_diff("eaglet.config") == set()
 
 
 def test_dataset_key_follows_file_content_not_path(tmp_path):

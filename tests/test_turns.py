@@ -7,11 +7,11 @@ from collections import Counter
 
 import pytest
 
-from eaglet.config import PipelineConfig
+from eaglet.config import PipelineConfig, TargetConfig
 from eaglet.engines.base import SamplingParams
 from eaglet.engines.local import LocalEngine
 from eaglet.extract import write_examples
-from eaglet.prompts import PromptError, end_token_ids, load_tokenizer, render_prompt
+from eaglet.prompts import PromptError, render_prompt
 from eaglet.reasoning import detect_format
 from eaglet.records.examples import Example
 from eaglet.records.generations import Generation
@@ -19,6 +19,7 @@ from eaglet.records.io import read_jsonl, write_jsonl
 from eaglet.records.prompts import Prompt
 from eaglet.records.samples import Sample
 from eaglet.split import is_heldout
+from eaglet.target import end_token_ids, load_tokenizer
 from eaglet.turns import assistant_message, generate_every_turn
 
 QUESTIONS = [
@@ -39,7 +40,7 @@ def three_turn_sample(sample_id: str) -> Sample:
 
 
 def test_a_conversation_splits_into_the_first_prompt_and_the_followups(fixture_model_dir):
-    tokenizer = load_tokenizer(str(fixture_model_dir))
+    tokenizer = load_tokenizer(TargetConfig(model=str(fixture_model_dir)))
     prompt = render_prompt(three_turn_sample("s1"), tokenizer, {}, regenerate="all")
     assert prompt.messages == [{"role": "user", "content": QUESTIONS[0]}]
     assert prompt.followups == [
@@ -51,7 +52,7 @@ def test_a_conversation_splits_into_the_first_prompt_and_the_followups(fixture_m
 
 
 def test_two_assistant_turns_in_a_row_are_refused_with_the_sample_id(fixture_model_dir):
-    tokenizer = load_tokenizer(str(fixture_model_dir))
+    tokenizer = load_tokenizer(TargetConfig(model=str(fixture_model_dir)))
     sample = three_turn_sample("broken-7")
     sample.messages.insert(2, {"role": "assistant", "content": "a second answer"})
     with pytest.raises(PromptError, match=r"broken-7 \(arith\): assistant turn 2"):
@@ -83,7 +84,7 @@ class CountingEngine:
 
 def three_conversations(model_dir) -> tuple[PipelineConfig, object, list[Prompt]]:
     """A regenerate="all" config, the target's tokenizer and three first-turn prompts."""
-    tokenizer = load_tokenizer(str(model_dir))
+    tokenizer = load_tokenizer(TargetConfig(model=str(model_dir)))
     config = PipelineConfig.model_validate(
         {"target": {"model": str(model_dir)}, "tokenize": {"regenerate": "all"}}
     )
@@ -93,7 +94,9 @@ def three_conversations(model_dir) -> tuple[PipelineConfig, object, list[Prompt]
 
 @pytest.fixture(scope="module")
 def local_engine(fixture_model_dir) -> LocalEngine:
-    return LocalEngine(str(fixture_model_dir), SamplingParams(max_tokens=160), batch_size=4)
+    return LocalEngine(
+        TargetConfig(model=str(fixture_model_dir)), SamplingParams(max_tokens=160), batch_size=4
+    )
 
 
 def test_every_turn_is_generated_from_the_targets_own_earlier_answers(
@@ -109,7 +112,7 @@ def test_every_turn_is_generated_from_the_targets_own_earlier_answers(
     assert summary.written == len(records) and summary.total == len(first) + len(later)
     assert any(sample_id.endswith("#turn3") for sample_id in records), "no conversation got far"
     reasoning_format = detect_format(tokenizer)
-    end_ids = set(end_token_ids(str(fixture_model_dir), tokenizer))
+    end_ids = set(end_token_ids(TargetConfig(model=str(fixture_model_dir)), tokenizer))
     for sample_id, prompt in later.items():
         conversation, turn = sample_id.split("#turn")
         previous = conversation if turn == "2" else f"{conversation}#turn{int(turn) - 1}"

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from eaglet.records.generations import Generation
 from eaglet.records.prompts import Prompt
+
+if TYPE_CHECKING:
+    from eaglet.config import GenerationConfig
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,18 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int = 0
     stop: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_generation(cls, generation: GenerationConfig) -> SamplingParams:
+        """What every engine samples with, read once from `generation.*`; each engine sends
+        it in its own wire format."""
+        return cls(
+            max_tokens=generation.max_tokens,
+            temperature=generation.temperature,
+            top_p=generation.top_p,
+            seed=generation.seed,
+            stop=list(generation.stop),
+        )
 
 
 class Engine(Protocol):

@@ -41,6 +41,8 @@ from types import ModuleType
 from typing import Any, ClassVar, TypeVar
 
 from eaglet.config import PipelineConfig
+from eaglet.engines.base import SamplingParams
+from eaglet.errors import is_transient_status
 from eaglet.generation import Failure
 from eaglet.records.generations import Generation
 from eaglet.records.prompts import Prompt
@@ -71,14 +73,6 @@ class MalformedResponse(ValueError):
 
 class RetryableResponse(RuntimeError):
     """A 200 answer that says the request did not finish (e.g. aborted); retried like a 5xx."""
-
-
-class ClientError(RuntimeError):
-    """A 4xx answer other than 408/429: the server refuses this request; not retried."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def read_api_key(env_name: str | None) -> str | None:
@@ -151,7 +145,6 @@ class Endpoint:
     url: str
     clients: list[Any]
     outstanding: int = 0
-    sent: int = 0
     down_until: float = 0.0
     loads: list[int] = field(default_factory=list)
 
@@ -216,9 +209,11 @@ class HTTPEngine:
     """Base of the vllm, sglang and openai engines.
 
     Construction (all engines): `Engine(config: PipelineConfig, tokenizer=None, *,
-    end_ids=None, http_library=None)`. `tokenizer` is the target's tokenizer (needed by the
-    openai engine to re-tokenize text; the others use it only to find the end token ids);
-    `end_ids` overrides the end token ids read from the target's generation config.
+    end_ids=None, http_library=None, api_key=None)`, or `Engine.from_config(...)` with the same
+    arguments (how `eaglet.engines.registry.make_engine` builds every engine). `tokenizer` is
+    the target's tokenizer (needed by the openai engine to re-tokenize text; the others use it
+    only to find the end token ids); `end_ids` overrides the end token ids read from the
+    target's generation config.
     """
 
     config: PipelineConfig
@@ -241,16 +236,20 @@ class HTTPEngine:
         self._api_key = self.api_key or read_api_key(gen.api_key_env)
         self.http = http_module(self.http_library)
         self.retry = RetryPolicy(gen.max_retries, gen.retry_backoff_s)
+        self.params = SamplingParams.from_generation(gen)
         if self.end_ids is None:
             self.end_ids = self._target_end_ids()
+
+    @classmethod
+    def from_config(cls, config: PipelineConfig, tokenizer: Any = None, **kwargs: Any):
+        return cls(config, tokenizer, **kwargs)
 
     def _target_end_ids(self) -> list[int]:
         if self.tokenizer is None:
             return []
-        from eaglet.prompts import end_token_ids
+        from eaglet.target import end_token_ids
 
-        target = self.config.target
-        return end_token_ids(target.model, self.tokenizer, target.revision)
+        return end_token_ids(self.config.target, self.tokenizer)
 
     # --- what a subclass provides ---------------------------------------------------
 
@@ -369,7 +368,6 @@ class HTTPEngine:
         shard = endpoint.least_busy_client()
         endpoint.outstanding += 1
         endpoint.loads[shard] += 1
-        endpoint.sent += 1
         try:
             async with asyncio.timeout(timeout_s):
                 response = await endpoint.clients[shard].post(path, json=payload)
@@ -392,9 +390,7 @@ class HTTPEngine:
             wait = retry_after_seconds(response.headers.get("retry-after"))
             wait = None if wait is None else min(wait, RETRY_AFTER_CAP_S)
             return _Outcome(status=status, message=message, retry=True, wait_s=wait)
-        if status >= 500 or status == 408:
-            return _Outcome(status=status, message=message, retry=True)
-        return _Outcome(status=status, message=message, retry=False)
+        return _Outcome(status=status, message=message, retry=is_transient_status(status))
 
     def _read_success(self, prompt: Prompt, content: bytes, where: str) -> _Outcome:
         try:
@@ -432,9 +428,16 @@ class HTTPEngine:
             return output_ids
         return [*output_ids, stop_token]
 
-    def default_end_id(self) -> int | None:
-        """The end token a server means when it says only 'stopped at the end'."""
-        return self.end_ids[0] if self.end_ids else None
+    def stop_token(self, finish_reason: str, matched: Any) -> int | None:
+        """The token the model stopped on, from what the server says it matched (vLLM's
+        `stop_reason`, SGLang's `finish_reason.matched`): None means the end token (the first
+        of the target's end ids), an int is that token (another end token from the model's
+        generation config), a str is a stop string (no token). None when it did not stop."""
+        if finish_reason != "stop":
+            return None
+        if matched is None:
+            return self.end_ids[0] if self.end_ids else None
+        return matched if isinstance(matched, int) else None
 
 
 def _describe(exc: BaseException) -> str:
@@ -504,17 +507,3 @@ async def bounded_map(
         for task in list(running):
             task.cancel()
         await asyncio.gather(feeder, *running, return_exceptions=True)
-
-
-def make_http_engine(config: PipelineConfig, tokenizer: Any = None, **kwargs: Any) -> HTTPEngine:
-    """The HTTP engine `generation.engine` names (vllm, sglang or openai)."""
-    name = config.generation.engine
-    if name == "vllm":
-        from eaglet.engines.vllm import VLLMEngine as engine_class
-    elif name == "sglang":
-        from eaglet.engines.sglang import SGLangEngine as engine_class
-    elif name == "openai":
-        from eaglet.engines.openai_chat import OpenAIChatEngine as engine_class
-    else:
-        raise ValueError(f"generation.engine={name!r} is not an HTTP engine")
-    return engine_class(config, tokenizer, **kwargs)

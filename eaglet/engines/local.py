@@ -7,42 +7,35 @@ model's own tokens, so its records are token-exact like those of the vLLM and SG
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
+from eaglet.config import PipelineConfig, TargetConfig
 from eaglet.engines.base import SamplingParams
-from eaglet.prompts import end_token_ids
 from eaglet.records.generations import Generation
 from eaglet.records.prompts import Prompt
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from eaglet.target import end_token_ids, load_model, load_tokenizer
 
 
 class LocalEngine:
     name = "local"
 
-    def __init__(
-        self,
-        model: str,
-        params: SamplingParams,
-        batch_size: int = 16,
-        dtype: str = "float32",
-        trust_remote_code: bool = False,
-        revision: str | None = None,
-    ) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    def __init__(self, target: TargetConfig, params: SamplingParams, batch_size: int = 16) -> None:
         self.params = params
         self.batch_size = batch_size
-        self.tokenizer = AutoTokenizer.from_pretrained(
-            model, trust_remote_code=trust_remote_code, revision=revision
-        )
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, revision=revision
-        ).eval()
-        self.eos_ids = end_token_ids(model, self.tokenizer, revision)
+        self.tokenizer = load_tokenizer(target)
+        self.model = load_model(target)
+        self.eos_ids = end_token_ids(target, self.tokenizer)
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.eos_ids[0]
+
+    @classmethod
+    def from_config(cls, config: PipelineConfig, tokenizer: Any = None, **_: Any) -> LocalEngine:
+        """The registry's constructor; the local engine loads the target's tokenizer itself
+        and takes no server settings."""
+        params = SamplingParams.from_generation(config.generation)
+        return cls(config.target, params, config.generation.batch_size)
 
     def generate(self, prompts: Iterable[Prompt]) -> Iterator[Generation]:
         # Similar lengths in a batch waste less compute on padding.
@@ -64,8 +57,8 @@ class LocalEngine:
         if sampled:
             torch.manual_seed(self.params.seed)
         output = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
+            input_ids=input_ids.to(self.model.device),
+            attention_mask=attention_mask.to(self.model.device),
             max_new_tokens=self.params.max_tokens,
             do_sample=sampled,
             temperature=self.params.temperature if sampled else None,

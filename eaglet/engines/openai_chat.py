@@ -113,22 +113,22 @@ class OpenAIChatEngine(HTTPEngine):
         self._ask_token_ids = True
 
     def request_for(self, prompt: Prompt) -> tuple[str, dict[str, Any]]:
-        gen = self.config.generation
+        params = self.params
         payload: dict[str, Any] = {
-            "model": gen.served_model,
+            "model": self.config.generation.served_model,
             "messages": wire_messages(prompt.messages),
-            "max_tokens": gen.max_tokens,
-            "temperature": gen.temperature,
-            "top_p": gen.top_p,
-            "seed": gen.seed,
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "seed": params.seed,
         }
         if prompt.tools:
             # The template renders the tools; "none" keeps the server from parsing tool calls
             # out of the text (vLLM refuses "auto" without --enable-auto-tool-choice).
             payload["tools"] = prompt.tools
             payload["tool_choice"] = "none"
-        if gen.stop:
-            payload["stop"] = list(gen.stop)
+        if params.stop:
+            payload["stop"] = list(params.stop)
         if self._ask_token_ids:
             payload["return_token_ids"] = True
         kwargs = self.config.tokenize.chat_template_kwargs
@@ -161,12 +161,7 @@ class OpenAIChatEngine(HTTPEngine):
         raw: dict[str, Any] = {k: message[k] for k in TEXT_FIELDS if k in message}
         raw.update(finish_reason=choice.get("finish_reason"), stop_reason=stop_reason)
         raw["usage"] = body.get("usage")
-        stop_token = None
-        if finish_reason == "stop":
-            if stop_reason is None:
-                stop_token = self.default_end_id()
-            elif isinstance(stop_reason, int):
-                stop_token = stop_reason
+        stop_token = self.stop_token(finish_reason, stop_reason)
         token_ids = choice.get("token_ids")
         if token_ids is not None:
             ids = int_list(token_ids, "choices[0].token_ids")

@@ -30,17 +30,17 @@ class SGLangEngine(HTTPEngine):
     health_path: ClassVar[str] = "/health"
 
     def request_for(self, prompt: Prompt) -> tuple[str, dict[str, Any]]:
-        gen = self.config.generation
+        sampling = self.params
         params: dict[str, Any] = {
-            "max_new_tokens": gen.max_tokens,
-            "temperature": gen.temperature,
-            "top_p": gen.top_p,
+            "max_new_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
         }
-        if gen.stop:
-            params["stop"] = list(gen.stop)
-        if gen.temperature > 0:
+        if sampling.stop:
+            params["stop"] = list(sampling.stop)
+        if sampling.temperature > 0:
             # Older SGLang versions reject unknown sampling params; greedy needs no seed.
-            params["sampling_seed"] = gen.seed
+            params["sampling_seed"] = sampling.seed
         return "/generate", {"input_ids": prompt.prompt_ids, "sampling_params": params}
 
     def parse(self, prompt: Prompt, body: dict[str, Any]) -> Generation:
@@ -58,12 +58,7 @@ class SGLangEngine(HTTPEngine):
             detail = finish.get("message", "") if isinstance(finish, dict) else ""
             raise RetryableResponse(f"request did not finish (finish_reason={kind!r}) {detail}")
         matched = finish.get("matched") if isinstance(finish, dict) else None
-        stop_token = None
-        if kind == "stop":
-            stop_token = matched if isinstance(matched, int) else None
-            if matched is None:
-                stop_token = self.default_end_id()
-        ids = self.with_end_token(list(output_ids), stop_token)
+        ids = self.with_end_token(list(output_ids), self.stop_token(kind, matched))
         raw: dict[str, Any] = {
             "text": body.get("text"),
             "finish_reason": finish,

@@ -34,33 +34,23 @@ def check_finish_reason(value: Any) -> str:
     raise RetryableResponse(f"request did not finish (finish_reason={value!r})")
 
 
-def stop_token(engine: HTTPEngine, finish_reason: str, stop_reason: Any) -> int | None:
-    """The token vLLM stopped on: stop_reason None is the tokenizer's end token, an int is
-    another end token (from the model's generation config); a str is a stop string."""
-    if finish_reason != "stop":
-        return None
-    if stop_reason is None:
-        return engine.default_end_id()
-    return stop_reason if isinstance(stop_reason, int) else None
-
-
 @dataclass
 class VLLMEngine(HTTPEngine):
     name: ClassVar[str] = "vllm"
 
     def request_for(self, prompt: Prompt) -> tuple[str, dict[str, Any]]:
-        gen = self.config.generation
+        params = self.params
         payload: dict[str, Any] = {
-            "model": gen.served_model,
+            "model": self.config.generation.served_model,
             "prompt": prompt.prompt_ids,
-            "max_tokens": gen.max_tokens,
-            "temperature": gen.temperature,
-            "top_p": gen.top_p,
-            "seed": gen.seed,
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "seed": params.seed,
             "return_token_ids": True,
         }
-        if gen.stop:
-            payload["stop"] = list(gen.stop)
+        if params.stop:
+            payload["stop"] = list(params.stop)
         return "/v1/completions", payload
 
     def parse(self, prompt: Prompt, body: dict[str, Any]) -> Generation:
@@ -76,7 +66,7 @@ class VLLMEngine(HTTPEngine):
         token_ids = int_list(choice["token_ids"], "choices[0].token_ids")
         finish_reason = check_finish_reason(choice.get("finish_reason"))
         stop_reason = choice.get("stop_reason")
-        stopped_on = stop_token(self, finish_reason, stop_reason)
+        stopped_on = self.stop_token(finish_reason, stop_reason)
         output_ids = self.with_end_token(list(token_ids), stopped_on)
         server_prompt = choice.get("prompt_token_ids", body.get("prompt_token_ids"))
         mismatch = prompt_ids_check(prompt.prompt_ids, server_prompt)

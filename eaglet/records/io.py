@@ -17,6 +17,8 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from eaglet.errors import PermanentError
+
 
 class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -25,7 +27,7 @@ class Record(BaseModel):
 R = TypeVar("R", bound=Record)
 
 
-class RecordFileError(ValueError):
+class RecordFileError(PermanentError, ValueError):
     """A record file line that cannot be read; the message names the file and the line."""
 
 
