@@ -7,16 +7,87 @@ and `fixture-model` start fast and the core stays free of Prefect.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import os
+import signal
+import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from eaglet.config import STAGES, ConfigError, PipelineConfig, load_config
 from eaglet.run_report import percent
-from eaglet.storage import PARTIAL_SUFFIX, read_manifest
+from eaglet.storage import PARTIAL_SUFFIX, Manifest, ManifestError, read_manifest, verify_files
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """A `preexec_fn`: the child gets SIGKILL when `parent` dies, even by kill -9 (Linux's
+    PR_SET_PDEATHSIG; elsewhere a no-op)."""
+
+    def preexec() -> None:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def _start_temporary_prefect_server() -> None:
+    """Without PREFECT_API_URL, Prefect starts a temporary API server in a subprocess for the
+    run and stops it at exit; after a kill -9 it stayed alive. Start that server here, from
+    the main thread (PR_SET_PDEATHSIG follows the thread that forked), so that it dies with
+    this process. Prefect reuses it: the temporary server is one shared instance."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL, get_current_settings
+
+    if PREFECT_API_URL.value():
+        return
+
+    class DiesWithParent(SubprocessASGIServer):
+        def _run_uvicorn_command(self) -> subprocess.Popen:
+            # Prefect's own command (prefect/server/api/server.py), plus the preexec hook.
+            import prefect
+
+            settings = get_current_settings().to_environment_variables(exclude_unset=True)
+            return subprocess.Popen(
+                args=[
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "--app-dir",
+                    str(prefect.__module_path__.parent),
+                    "--factory",
+                    "prefect.server.api.server:create_app",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--log-level",
+                    "error",
+                    "--lifespan",
+                    "on",
+                ],
+                env={
+                    **os.environ,
+                    "PREFECT_UI_ENABLED": "0",
+                    "PREFECT__SERVER_EPHEMERAL": "1",
+                    "PREFECT__SERVER_FINAL": "1",
+                    **settings,
+                },
+                preexec_fn=_die_with_parent(os.getpid()),
+            )
+
+    if threading.current_thread() is threading.main_thread():
+        DiesWithParent().start()  # registers its own stop at exit
 
 
 def _run_pipeline(
@@ -26,6 +97,7 @@ def _run_pipeline(
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.pipeline import pipeline
 
+    _start_temporary_prefect_server()
     return pipeline(
         config=config, until=until, refresh_from=refresh_from, retry_failed=retry_failed
     )
@@ -73,6 +145,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         written = write_sample_data(data_dir, seed=0)
         print(f"wrote sample data: {', '.join(str(p) for p in written.values())}")
     config = demo_config(work_dir, args.set)
+    args.run_started, args.loaded_config = started, config  # for main's error report
     result = _run_pipeline(config, "evaluate", args.refresh_from)
     _print_run(result, time.time() - started)
     stages = result["stages"]
@@ -89,6 +162,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     started = time.time()
     config = load_config(args.config, args.set)
+    args.run_started, args.loaded_config = started, config  # for main's error report
     result = _run_pipeline(config, args.until, args.refresh_from, args.retry_failed)
     _print_run(result, time.time() - started)
     if result["evaluation"]:
@@ -97,61 +171,103 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """Preflight: config, files, endpoints, one raw response, the reasoning split, disk."""
-    import shutil
-
-    from eaglet.canary import run_canary
-    from eaglet.datasets import read_samples
-    from eaglet.prompts import PromptError, render_prompt
-    from eaglet.target import load_tokenizer
+    """Preflight checks of a config (eaglet/preflight.py: files, target, layer ids, template,
+    lengths, disk), then the canary against its servers with the canary's own limits. Every
+    finding is one line naming the key or file and what to do; never a traceback."""
+    from eaglet.preflight import preflight
 
     config = load_config(args.config, args.set)
     print(f"config {args.config}: valid")
-    problems = []
-    for spec in config.datasets:
-        if spec.path.endswith((".json", ".jsonl", ".parquet")) and not Path(spec.path).exists():
-            problems.append(f"dataset {spec.source}: file {spec.path} not found")
-    work_dir = Path(config.work_dir)
-    existing = next((p for p in [work_dir, *work_dir.parents] if p.exists()), Path("."))
-    free_gib = shutil.disk_usage(existing).free / 2**30
-    print(f"disk: {free_gib:.1f} GiB free under {existing.resolve()}")
-    if free_gib < 1:
-        problems.append(f"less than 1 GiB free for {work_dir}")
-    tokenizer = load_tokenizer(config.target)
-    prompts = []
-    wanted = config.generation.canary_requests
-    for spec in config.datasets:
-        if len(prompts) >= wanted or any(p.startswith(f"dataset {spec.source}") for p in problems):
-            continue
-        for sample in read_samples(spec.model_copy(update={"limit": wanted})):
-            try:
-                prompts.append(
-                    render_prompt(sample, tokenizer, config.tokenize.chat_template_kwargs)
-                )
-            except PromptError as exc:
-                problems.append(str(exc))
-    api_key = None
-    if config.generation.api_key_secret:
-        from tasks.generate import secret_api_key  # Prefect blocks live outside the core
-
-        api_key = secret_api_key(config)
-    report = run_canary(config, tokenizer, prompts[:wanted], api_key=api_key)
-    print(report.render())
-    if not report.ok:
-        problems.append("the canary failed (see above)")
+    problems: list[str] = []
+    try:
+        report = preflight(config)
+        print(report.render())
+        problems += report.problems
+        tokenizer = report.tokenizer
+    except Exception as exc:  # a check that itself broke: say so in one line
+        problems.append(f"the preflight could not finish: {type(exc).__name__}: {exc}")
+        tokenizer = None
+    if tokenizer is None:
+        print("canary: skipped (it needs the target's tokenizer; fix the problems above)")
+    else:
+        try:
+            problems += _doctor_canary(config, tokenizer)
+        except Exception as exc:
+            problems.append(f"the canary could not run: {type(exc).__name__}: {exc}")
     for problem in problems:
         print(f"problem: {problem}")
     print("doctor: ok" if not problems else f"doctor: {len(problems)} problem(s)")
     return 1 if problems else 0
 
 
-def _stage_status(work_dir: Path, stage: str, run_keys: dict[str, str]) -> dict[str, Any]:
+def _doctor_canary(config: PipelineConfig, tokenizer: Any) -> list[str]:
+    """Render the first `generation.canary_requests` samples and run the canary on them;
+    the problems found (the canary's own report is printed)."""
+    from eaglet.canary import run_canary
+    from eaglet.datasets import read_samples
+    from eaglet.prompts import render_prompt
+
+    problems: list[str] = []
+    prompts = []
+    wanted = config.generation.canary_requests
+    for i, spec in enumerate(config.datasets):
+        if len(prompts) >= wanted:
+            break
+        try:
+            for sample in read_samples(spec.model_copy(update={"limit": wanted})):
+                prompts.append(
+                    render_prompt(sample, tokenizer, config.tokenize.chat_template_kwargs)
+                )
+        except Exception as exc:  # DatasetError, PromptError, a template that raises
+            problems.append(f"datasets[{i}] (source {spec.source!r}): {exc}")
+    api_key = None
+    if config.generation.api_key_secret:
+        from tasks.generate import secret_api_key  # Prefect blocks live outside the core
+
+        try:
+            api_key = secret_api_key(config)
+        except ValueError as exc:
+            return [*problems, str(exc)]
+    report = run_canary(config, tokenizer, prompts[:wanted], api_key=api_key)
+    print(report.render())
+    if not report.ok:
+        problems.append("the canary failed (see above)")
+    return problems
+
+
+def _stage_status(
+    work_dir: Path, stage: str, run_keys: dict[str, str], verify: str = "size"
+) -> dict[str, Any]:
+    """One stage's line of `eaglet inspect`: missing, partial, complete, or corrupt (a
+    manifest that cannot be read, or files that differ from it: sizes always, sha256 with
+    `--verify`). `path` is absolute, resolved from the work dir (the manifest holds it
+    relative)."""
     folder = work_dir / stage
     if not folder.is_dir():
         return {"status": "missing", "key": "", "path": "", "records": 0}
-    complete = [m for m in (read_manifest(p) for p in folder.iterdir() if p.is_dir()) if m]
+    complete: list[Manifest] = []
+    unreadable: dict[str, str] = {}
+    for entry in folder.iterdir():
+        if not entry.is_dir() or entry.name.endswith(PARTIAL_SUFFIX) or ".replaced-" in entry.name:
+            continue
+        try:
+            manifest = read_manifest(entry)
+        except ManifestError as exc:
+            unreadable[entry.name] = str(exc)
+            continue
+        if manifest is not None:
+            complete.append(manifest)
     partials = [p for p in folder.iterdir() if p.name.endswith(PARTIAL_SUFFIX)]
-    chosen = next((m for m in complete if m.key == run_keys.get(stage)), None)
+    wanted = run_keys.get(stage)
+    if wanted in unreadable:
+        return {
+            "status": "corrupt",
+            "key": wanted,
+            "path": str((folder / wanted).resolve()),
+            "records": 0,
+            "problems": [unreadable[wanted]],
+        }
+    chosen = next((m for m in complete if m.key == wanted), None)
     if chosen is None and complete:
         chosen = max(complete, key=lambda m: m.finished)
     newest_partial = max(partials, key=lambda p: p.stat().st_mtime, default=None)
@@ -159,25 +275,42 @@ def _stage_status(work_dir: Path, stage: str, run_keys: dict[str, str]) -> dict[
         chosen is None or newest_partial.stat().st_mtime > chosen.finished
     ):
         key = newest_partial.name[: -len(PARTIAL_SUFFIX)]
-        return {"status": "partial", "key": key, "path": str(newest_partial), "records": 0}
+        return {
+            "status": "partial",
+            "key": key,
+            "path": str(newest_partial.resolve()),
+            "records": 0,
+        }
+    if chosen is None and unreadable:
+        key, problem = next(iter(sorted(unreadable.items())))
+        path = str((folder / key).resolve())
+        return {"status": "corrupt", "key": key, "path": path, "records": 0, "problems": [problem]}
     if chosen is None:
         return {"status": "missing", "key": "", "path": "", "records": 0}
+    stage_path = chosen.folder_in(work_dir).resolve()
+    problems = verify_files(stage_path, chosen, verify)
     return {
-        "status": "complete",
+        "status": "corrupt" if problems else "complete",
         "key": chosen.key,
-        "path": chosen.path,
+        "path": str(stage_path),
         "records": chosen.counts.get("records", 0),
         "counts": chosen.counts,
         "finished": chosen.finished,
+        **({"problems": problems} if problems else {}),
     }
 
 
-def inspect_work_dir(work_dir: Path) -> dict[str, Any]:
+def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
+    """Per stage: status, key, absolute path, counts; quality and evaluation figures.
+    `verify` = "size" checks file sizes against each manifest, "full" their sha256 too."""
     run_file = work_dir / "run.json"
     run_keys = {}
-    if run_file.exists():
-        run_keys = {s: v["key"] for s, v in json.loads(run_file.read_text())["stages"].items()}
-    stages = {stage: _stage_status(work_dir, stage, run_keys) for stage in STAGES}
+    try:
+        stages_run = json.loads(run_file.read_text())["stages"] if run_file.exists() else {}
+        run_keys = {s: v["key"] for s, v in stages_run.items() if "key" in v}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        pass  # a run.json cut short by a crash: every stage shows its newest folder
+    stages = {stage: _stage_status(work_dir, stage, run_keys, verify) for stage in STAGES}
     quality: dict[str, Any] = {}
     if stages["extract"]["status"] == "complete":
         quality_file = Path(stages["extract"]["path"]) / "quality.json"
@@ -238,7 +371,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if not work_dir.is_dir():
         print(f"no such work dir: {work_dir}", file=sys.stderr)
         return 2
-    report = inspect_work_dir(work_dir)
+    report = inspect_work_dir(work_dir, "full" if args.verify else "size")
     if args.sample:
         return show_sample(report, args.sample)
     if args.json:
@@ -250,6 +383,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             f"  {stage:<14} {figures['status']:<9} {figures['records']:>6} records  "
             f"{figures['key'] or '-'}"
         )
+        for problem in figures.get("problems", []):
+            print(f"      {problem}")
+        if figures["status"] == "corrupt":
+            print(f"      rebuild it: eaglet run CONFIG --refresh-from {stage}")
     quality = report["quality"]
     if quality:
         print(
@@ -320,6 +457,11 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("work_dir")
     inspect.add_argument("--json", action="store_true")
     inspect.add_argument("--sample", metavar="ID", help="show one example's loss mask")
+    inspect.add_argument(
+        "--verify",
+        action="store_true",
+        help="check every file's sha256 against its manifest (sizes are always checked)",
+    )
     inspect.set_defaults(handler=cmd_inspect)
 
     serve = commands.add_parser("serve", help="serve the deployments for the Prefect UI")
@@ -343,11 +485,30 @@ def main(argv: list[str] | None = None) -> int:
         if args.command not in ("demo", "run"):
             raise
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        print(
-            "finished stages are kept; fix the cause and run the same command again",
-            file=sys.stderr,
-        )
+        print(_after_failure(args), file=sys.stderr)
         return 1
+
+
+def _after_failure(args: argparse.Namespace) -> str:
+    """What a failed run left: the stages that finished in it (kept, reused by the next run),
+    or that none did."""
+    config = getattr(args, "loaded_config", None)
+    if config is None:
+        return "no stage ran; fix the cause and run the same command again"
+    run_file = Path(config.work_dir) / "run.json"
+    finished: list[str] = []
+    try:
+        if run_file.stat().st_mtime >= getattr(args, "run_started", 0):
+            stages = json.loads(run_file.read_text())["stages"]
+            finished = [s for s, e in stages.items() if e.get("state") in ("Completed", "Cached")]
+    except (OSError, ValueError, KeyError, TypeError):
+        finished = []
+    if not finished:
+        return "no stage finished; fix the cause and run the same command again"
+    return (
+        f"finished stages are kept ({', '.join(finished)}); fix the cause and run the same "
+        "command again"
+    )
 
 
 if __name__ == "__main__":

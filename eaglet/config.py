@@ -7,6 +7,7 @@ that names the key instead of a silently ignored setting.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +36,13 @@ class _Strict(BaseModel):
 
 
 class DatasetSpec(_Strict):
-    source: str = Field(description="Tag carried into every record (e.g. 'arith', 'glaive').")
+    source: str = Field(
+        description="Tag carried into every record (e.g. 'arith', 'glaive'): letters, digits, "
+        "'.', '_' and '-', not starting with '.' (it may name files, so never a path).",
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]*$",
+    )
     path: str = Field(
         description="Hugging Face hub dataset id, or a local .json/.jsonl/.parquet file.",
     )
@@ -164,7 +171,6 @@ class GenerationConfig(_Strict):
         "most canary answers without ids fail the canary (HTTP engines).",
     )
 
-
     @model_validator(mode="after")
     def _one_key_source(self) -> GenerationConfig:
         if self.api_key_env and self.api_key_secret:
@@ -254,7 +260,13 @@ class TrainConfig(_Strict):
     draft_vocab_size: int = Field(
         32000, ge=2, description="Draft vocabulary size (capped at the distinct tokens seen)."
     )
-    max_seq_len: int = Field(1024, ge=16, description="Longer sequences are truncated.")
+    max_seq_len: int = Field(
+        1024,
+        ge=16,
+        description="Training window length: a longer sample is cut into consecutive windows of "
+        "this many tokens (each window keeps the features of its full prefix); nothing is "
+        "dropped.",
+    )
     holdout_fraction: float = Field(
         0.1,
         ge=0.0,
@@ -262,12 +274,100 @@ class TrainConfig(_Strict):
         description="Fraction of samples (by sample_id hash) kept out of training for evaluation.",
     )
     seed: int = Field(0, description="Training seed.")
+    intermediate_size: int | None = Field(
+        None, ge=1, description="Draft MLP width; None = the target's, as published drafts do."
+    )
+    warmup_steps: int = Field(
+        10, ge=0, le=1_000_000, description="Optimizer steps of linear learning-rate warmup."
+    )
+    grad_clip: float = Field(
+        1.0, gt=0.0, le=1e6, description="Maximum global gradient norm per optimizer step."
+    )
+    ttt_step_weight: float = Field(
+        0.8, gt=0.0, le=1.0, description="Loss weight of TTT step i is ttt_step_weight ** i."
+    )
+    grad_accumulation: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Micro-batches per optimizer step: batch_size is split into this many "
+        "pieces run one after another (same result, less memory).",
+    )
+    precision: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="bfloat16 = autocast the draft's matmuls to bf16 where the device supports "
+        "it (falls back to float32 with a warning elsewhere); weights and optimizer stay fp32.",
+    )
+    device: str = Field(
+        "auto",
+        description="Training device: auto = the first CUDA GPU when there is one, else "
+        "cpu; or cpu, cuda, cuda:1, ... (under torchrun each process takes cuda:LOCAL_RANK).",
+    )
+    threads: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="torch intra-op threads per training process; None = torch's choice. On a "
+        "few shared cores, 1 avoids threads thrashing.",
+    )
+    nproc_per_node: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Training processes on this machine; > 1 launches torchrun (data parallel, "
+        "NCCL on GPUs, gloo on CPU) with the same global batch_size.",
+    )
+    log_every: int = Field(10, ge=1, le=1_000_000, description="Optimizer steps per log line.")
+    save_every: int = Field(
+        0,
+        ge=0,
+        le=10_000_000,
+        description="Optimizer steps between checkpoints (resume points); 0 = every epoch's end.",
+    )
+    max_steps: int | None = Field(
+        None, ge=1, description="Stop (and save) after this many steps in total; None = all."
+    )
+    hidden_states: Literal["offline", "online"] = Field(
+        "offline",
+        description="offline = train on the feature shards the hidden_states stage stored; "
+        "online = skip storing them: the target runs in the training process and computes "
+        "each batch's features as training goes (no disk, more compute per epoch).",
+    )
 
 
 class EvaluateConfig(_Strict):
-    num_speculative_tokens: int = Field(4, ge=1, le=16, description="Draft chain length k.")
+    num_speculative_tokens: int = Field(
+        4, ge=1, le=16, description="Draft chain length k (offline tau is also reported for 1..k)."
+    )
     max_new_tokens: int = Field(128, ge=1, description="Tokens generated per held-out prompt.")
     max_prompts: int = Field(24, ge=1, description="Held-out prompts evaluated.")
+    serving: Literal["none", "vllm"] = Field(
+        "none",
+        description="Also measure tau inside a real serving engine: vllm = serve the target with "
+        "the draft as its eagle3 speculative model and read vLLM's spec-decode counters.",
+    )
+    serving_endpoint: str | None = Field(
+        None,
+        description="Base URL of a running vLLM server that already serves the target with this "
+        "draft (k = num_speculative_tokens); None = eaglet starts one with vllm_python.",
+    )
+    vllm_python: str | None = Field(
+        None,
+        description="Python interpreter of a vLLM installation (its own venv), used to start the "
+        "server when serving_endpoint is not set.",
+    )
+    vllm_args: list[str] = Field(
+        default_factory=list,
+        description="Extra arguments for the vLLM server eaglet starts (e.g. --enforce-eager).",
+    )
+    serving_startup_timeout_s: float = Field(
+        600.0, gt=0, le=7200, description="Seconds to wait for the started server's /health."
+    )
+    max_serving_gap: float = Field(
+        0.5,
+        ge=0.0,
+        description="Largest |served tau - offline tau| at the same k before the stage fails.",
+    )
 
 
 class ExecutionConfig(_Strict):
@@ -337,7 +437,35 @@ def parse_override(override: str) -> tuple[list[str], Any]:
     path = [part for part in dotted.strip().split(".") if part]
     if not path:
         raise ConfigError(f"override '{override}' has an empty key")
-    return path, yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        problem = str(exc).splitlines()[0]
+        raise ConfigError(
+            f"override '{override}': the value is not valid YAML ({problem}); quote it, e.g. "
+            f"{dotted}='\"...\"'"
+        ) from None
+    return path, value
+
+
+def _list_index(override: str, path: list[str], depth: int, items: list) -> int:
+    """The list index `path[depth]` names, or a ConfigError naming the override."""
+    where = ".".join(path[:depth]) or "(top level)"
+    part = path[depth]
+    try:
+        index = int(part)
+    except ValueError:
+        raise ConfigError(
+            f"override '{override}': '{where}' is a list; '{part}' is not an index (use "
+            f"{where}.0, {where}.1, ...)"
+        ) from None
+    if not -len(items) <= index < len(items):
+        raise ConfigError(
+            f"override '{override}': '{where}' has {len(items)} item(s); index {index} is out "
+            f"of range (valid: 0..{len(items) - 1}; to add an item, set the whole list: "
+            f"{where}=[...])"
+        )
+    return index
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -346,34 +474,85 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         node: Any = data
         for depth, part in enumerate(path[:-1]):
             if isinstance(node, list):
-                node = node[int(part)]
-                continue
-            if part not in node or node[part] is None:
-                node[part] = {}
-            node = node[part]
+                node = node[_list_index(override, path, depth, node)]
+            else:
+                if part not in node or node[part] is None:
+                    node[part] = {}
+                node = node[part]
             if not isinstance(node, dict | list):
                 raise ConfigError(
                     f"override '{override}': '{'.'.join(path[: depth + 1])}' is not a section"
                 )
         if isinstance(node, list):
-            node[int(path[-1])] = value
+            node[_list_index(override, path, len(path) - 1, node)] = value
         else:
             node[path[-1]] = value
     return data
 
 
+# Dataset files eaglet reads itself; any other dataset path may be a hub id.
+_LOCAL_DATASET_SUFFIXES = (".json", ".jsonl", ".parquet")
+
+
+def _absolute(value: str, base: Path, only_if_exists: bool) -> str:
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return str(path)
+    candidate = Path(os.path.normpath(base / path))
+    if only_if_exists and not candidate.exists():
+        return value  # a hub id (or a path that is not there: its stage says so)
+    return str(candidate)
+
+
+def resolve_paths(config: PipelineConfig, base: str | Path) -> PipelineConfig:
+    """The config with its relative local paths made absolute against `base` (the folder of
+    the config file they were written in): `work_dir`, `hidden_states.connector_path`, a
+    dataset `path` that ends in .json/.jsonl/.parquet or exists there, and a `target.model`
+    folder that exists there (otherwise it is a hub id and stays as it is)."""
+    base = Path(base).expanduser().absolute()
+    updates: dict[str, Any] = {"work_dir": _absolute(config.work_dir, base, False)}
+    target = config.target
+    updates["target"] = target.model_copy(update={"model": _absolute(target.model, base, True)})
+    updates["datasets"] = [
+        spec.model_copy(
+            update={
+                "path": _absolute(
+                    spec.path, base, not spec.path.lower().endswith(_LOCAL_DATASET_SUFFIXES)
+                )
+            }
+        )
+        for spec in config.datasets
+    ]
+    connector = getattr(config.hidden_states, "connector_path", None)
+    if connector:
+        updates["hidden_states"] = config.hidden_states.model_copy(
+            update={"connector_path": _absolute(connector, base, False)}
+        )
+    return config.model_copy(update=updates)
+
+
 def load_config(
     path: str | Path | None = None, overrides: list[str] | None = None
 ) -> PipelineConfig:
-    """Read a YAML file (or the defaults when `path` is None) and apply `a.b=value` overrides."""
+    """Read a YAML file (or the defaults when `path` is None) and apply `a.b=value` overrides.
+
+    Relative paths written in the file resolve against the file's folder; those given in
+    overrides (or left at their defaults) against the current directory. The config returned
+    holds absolute paths, so the copy a run saves (`WORK_DIR/config.yaml`) works from
+    anywhere."""
     data: dict[str, Any] = {}
     origin = "defaults"
     if path is not None:
         origin = str(path)
         try:
-            loaded = yaml.safe_load(Path(path).read_text())
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError as exc:
             raise ConfigError(f"config file not found: {path}") from exc
+        except IsADirectoryError:
+            raise ConfigError(f"{path} is a folder; give the path of a YAML config file") from None
+        except UnicodeDecodeError as exc:
+            problem = f"{exc.reason} at byte {exc.start}"
+            raise ConfigError(f"{path}: not UTF-8 text ({problem})") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
         if loaded is not None and not isinstance(loaded, dict):
@@ -381,10 +560,12 @@ def load_config(
         data = loaded or {}
     try:
         config = PipelineConfig.model_validate(data)
+        if path is not None:
+            config = resolve_paths(config, Path(path).parent)
         if overrides:
             origin += " with overrides " + " ".join(overrides)
             data = apply_overrides(config.model_dump(), overrides)
             config = PipelineConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(exc, origin)) from None
-    return config
+    return resolve_paths(config, Path.cwd())

@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from eaglet.config import STAGES, PipelineConfig
-from eaglet.storage import read_manifest, write_json_atomic
+from eaglet.config import STAGES, PipelineConfig, resolve_paths
+from eaglet.storage import ManifestError, read_manifest, write_json_atomic
 
 RUN_FILE = "run.json"
 CONFIG_FILE = "config.yaml"
@@ -44,7 +44,10 @@ def start_run_record(
     work_dir = Path(config.work_dir).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     own_file = work_dir / CONFIG_FILE
-    own_file.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    # Absolute paths (relative ones mean the directory this run started in), so the resume
+    # command `eaglet run WORK_DIR/config.yaml` works from anywhere.
+    absolute = resolve_paths(config, Path.cwd())
+    own_file.write_text(yaml.safe_dump(absolute.model_dump(mode="json"), sort_keys=False))
     run = {
         "name": config.name,
         "work_dir": str(work_dir),
@@ -262,7 +265,12 @@ def write_run_report(work_dir: Path) -> str:
     run = read_run_record(work_dir) or {"stages": {}}
     manifests = {}
     for stage, entry in run["stages"].items():
-        manifest = read_manifest(Path(entry.get("path", ""))) if entry.get("path") else None
+        try:
+            # Absolute in run.json; relative (to the work dir) as manifests hold it.
+            folder = work_dir / entry["path"] if entry.get("path") else None
+            manifest = read_manifest(folder) if folder is not None else None
+        except ManifestError:  # the failed stage's own error says so; the report still renders
+            manifest = None
         if manifest is not None:
             manifests[stage] = manifest.model_dump()
     report = render_run_report(run, manifests)

@@ -4,6 +4,12 @@ A stage writes into `WORK_DIR/<stage>/<key>.partial/` and, once every file is wr
 hashed, the manifest goes in and the folder is renamed to `WORK_DIR/<stage>/<key>/`. A folder
 without `manifest.json` is not done. `generate` keeps its partial folder across crashes so a
 rerun resumes; the other stages start their partial folder afresh.
+
+A manifest names its folder relative to the work dir (`<stage>/<key>`): readers resolve it
+with `stage_dir(work_dir, manifest)`, so a work dir copied elsewhere is used where it is.
+A complete folder is checked before it is used again (`verify_files`): every file's size
+always, its sha256 when the file is small enough to hash cheaply or `EAGLET_VERIFY=full`;
+a manifest that is not valid JSON, or was edited (its checksum), is a `ManifestError`.
 """
 
 from __future__ import annotations
@@ -13,15 +19,32 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
+
+from eaglet.errors import PermanentError
 
 MANIFEST = "manifest.json"
 PARTIAL_SUFFIX = ".partial"
+# EAGLET_VERIFY: "size" checks sizes only, "auto" (default) also hashes files up to
+# HASH_LIMIT_BYTES, "full" hashes every file.
+VERIFY_ENV = "EAGLET_VERIFY"
+VERIFY_MODES = ("size", "auto", "full")
+HASH_LIMIT_BYTES = 64 << 20
+
+
+class ManifestError(PermanentError, ValueError):
+    """A manifest that cannot be read or was changed by hand; the message names its path."""
+
+
+class StageCorruptError(PermanentError, ValueError):
+    """A complete stage folder whose files differ from its manifest; the message names each
+    file, the expected and actual size or hash, and the stage to refresh."""
 
 
 class Manifest(BaseModel):
@@ -38,10 +61,18 @@ class Manifest(BaseModel):
     info: dict[str, Any] = Field(default_factory=dict, description="stage-specific figures")
     started: float
     finished: float
+    checksum: str | None = Field(
+        None, description="sha256 of the manifest without this field: a hand edit shows"
+    )
 
-    @property
-    def folder(self) -> Path:
-        return Path(self.path)
+    def folder_in(self, work_dir: str | Path) -> Path:
+        """The stage folder this manifest describes, inside `work_dir`."""
+        return stage_folder(Path(work_dir), self.stage, self.key)
+
+    def own_checksum(self) -> str:
+        return hashlib.sha256(
+            canonical_json(self.model_dump(exclude={"checksum"})).encode()
+        ).hexdigest()
 
     def content_hash(self) -> str:
         return hashlib.sha256(canonical_json(self.model_dump()).encode()).hexdigest()
@@ -70,11 +101,137 @@ def write_json_atomic(path: Path, value: Any) -> None:
     os.replace(tmp, path)
 
 
+def replace_folder(tmp: Path, final: Path) -> None:
+    """Move the finished folder `tmp` to `final`, replacing what is there: the old folder is
+    renamed aside first and removed after, so `final` is always either the old folder or the
+    new one, never half of each. (The one atomic folder swap of eaglet.)"""
+    tmp, final = Path(tmp), Path(final)
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def atomic_folder(final: Path) -> Iterator[Path]:
+    """Yield an empty sibling folder to write into; when the block ends without an error, it
+    replaces `final` (which is never seen half-written). On an error the sibling is removed."""
+    final = Path(final)
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_folder(tmp, final)
+
+
 def read_manifest(folder: Path) -> Manifest | None:
-    path = folder / MANIFEST
+    """The manifest of a complete stage folder; None when the folder is not complete.
+
+    A manifest that is not valid JSON, not a manifest, or edited by hand since it was
+    written is a `ManifestError` naming its path and the stage to refresh."""
+    path = Path(folder) / MANIFEST
     if not path.is_file():
         return None
-    return Manifest.model_validate_json(path.read_text())
+    stage = Path(folder).parent.name
+    advice = (
+        f"the folder {folder} cannot be trusted: rerun with --refresh-from {stage} "
+        "(it is set aside, not deleted)"
+    )
+    try:
+        manifest = Manifest.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        what = "not valid JSON" if error["type"].startswith("json") else "not a stage manifest"
+        raise ManifestError(
+            f"{path}: {what} ({error['msg']}{f' at {where}' if where else ''}); {advice}"
+        ) from None
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot be read ({exc}); {advice}") from None
+    if manifest.checksum is not None and manifest.checksum != manifest.own_checksum():
+        raise ManifestError(
+            f"{path}: edited since the stage wrote it (its checksum no longer matches); {advice}"
+        )
+    return manifest
+
+
+def stage_dir(work_dir: str | Path, manifest: Manifest | dict[str, Any]) -> Path:
+    """The folder a stage's manifest (or the manifest dict a task returned) describes, in
+    `work_dir`: manifests name folders relative to the work dir, so a copied work dir reads
+    its own files."""
+    if isinstance(manifest, Manifest):
+        return manifest.folder_in(work_dir)
+    return stage_folder(Path(work_dir), manifest["stage"], manifest["key"])
+
+
+def verify_mode(mode: str | None = None) -> str:
+    mode = mode or os.environ.get(VERIFY_ENV) or "auto"
+    if mode not in VERIFY_MODES:
+        raise ValueError(f"{VERIFY_ENV}={mode!r}: use one of {', '.join(VERIFY_MODES)}")
+    return mode
+
+
+def verify_files(folder: Path, manifest: Manifest, mode: str | None = None) -> list[str]:
+    """What differs between a complete stage folder and its manifest, one line per file:
+    missing, another size, another sha256 (hashed when `mode` is "full", or "auto" and the
+    file is at most HASH_LIMIT_BYTES). Empty when the folder holds what its manifest says."""
+    mode = verify_mode(mode)
+    problems = []
+    for name, entry in sorted(manifest.files.items()):
+        path = Path(folder) / name
+        expected = entry.get("bytes")
+        if not path.is_file():
+            problems.append(f"{path}: missing (the manifest lists {expected} bytes)")
+            continue
+        size = path.stat().st_size
+        if expected is not None and size != expected:
+            problems.append(f"{path}: {size} bytes, the manifest says {expected}")
+            continue
+        wanted = entry.get("sha256")
+        if wanted and (mode == "full" or (mode == "auto" and size <= HASH_LIMIT_BYTES)):
+            actual = sha256_file(path)
+            if actual != wanted:
+                problems.append(f"{path}: sha256 {actual}, the manifest says {wanted}")
+    return problems
+
+
+def corrupt_stage_message(stage: str, folder: Path, problems: list[str]) -> str:
+    shown = "\n  ".join(problems[:20])
+    more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+    return (
+        f"the complete {stage} folder {folder} does not hold what its manifest says:\n  "
+        f"{shown}{more}\nrerun with --refresh-from {stage} to rebuild it (the folder is set "
+        "aside, not deleted)"
+    )
+
+
+def check_stage_folder(folder: Path, mode: str | None = None) -> Manifest | None:
+    """The manifest of a complete stage folder whose files match it; None when the folder is
+    not complete. Raises `ManifestError` or `StageCorruptError` (naming every file that
+    differs and the stage to refresh) when it cannot be trusted."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return None
+    problems = verify_files(folder, manifest, mode)
+    if problems:
+        raise StageCorruptError(corrupt_stage_message(manifest.stage, Path(folder), problems))
+    return manifest
+
+
+def reusable_stage(work_dir: Path, stage: str, key: str) -> bool:
+    """True when `WORK_DIR/<stage>/<key>` is complete and holds what its manifest says: the
+    cache policy reports a stage as Cached only then (otherwise the task runs, and
+    `run_stage` says what is wrong)."""
+    try:
+        return check_stage_folder(stage_folder(work_dir, stage, key)) is not None
+    except (ManifestError, StageCorruptError):
+        return False
 
 
 def stage_folder(work_dir: Path, stage: str, key: str) -> Path:
@@ -127,14 +284,14 @@ def run_stage(
     partial = final.with_name(final.name + PARTIAL_SUFFIX)
     if refresh and final.exists():
         os.replace(final, final.with_name(f"{key}.replaced-{int(time.time())}"))
-    complete = read_manifest(final)
+    complete = check_stage_folder(final)
     if reopen_if is not None and complete is not None and reopen_if(complete):
         if partial.exists():
             raise RuntimeError(f"cannot reopen {final}: {partial} exists too; remove one of them")
         (final / MANIFEST).unlink()
         os.replace(final, partial)
         resume_partial = True
-    existing = read_manifest(final)
+    existing = read_manifest(final)  # checked above
     if existing is not None:
         return existing
     if partial.exists() and not resume_partial:
@@ -151,7 +308,7 @@ def run_stage(
     manifest = Manifest(
         stage=stage,
         key=key,
-        path=str(final),
+        path=f"{stage}/{key}",  # relative to the work dir: a copied work dir reads its own files
         code_hash=code_hash,
         config=config,
         upstream={m.stage: m.key for m in upstream},
@@ -161,8 +318,7 @@ def run_stage(
         started=started,
         finished=time.time(),
     )
+    manifest.checksum = manifest.own_checksum()
     write_json_atomic(partial / MANIFEST, manifest.model_dump())
-    if final.exists():  # an incomplete leftover without a manifest
-        shutil.rmtree(final)
-    os.replace(partial, final)
+    replace_folder(partial, final)  # over an incomplete leftover without a manifest, if any
     return manifest

@@ -12,6 +12,7 @@ from prefect.runtime import flow_run
 
 from eaglet.config import STAGES, PipelineConfig, Stage, load_config
 from eaglet.run_report import start_run_record, write_run_record, write_run_report
+from eaglet.storage import stage_dir
 from tasks.caching import result_storage_path, stage_failure
 from tasks.download import download
 from tasks.evaluate import evaluate
@@ -94,7 +95,7 @@ def pipeline(
         summary[stage] = {
             "state": state.name,
             "key": manifest["key"],
-            "path": manifest["path"],
+            "path": str(stage_dir(work_dir, manifest)),  # manifests hold it relative
             "records": manifest["counts"].get("records", 0),
             "seconds": round(time.time() - started, 2),
         }
@@ -107,8 +108,12 @@ def pipeline(
         prompts = run("tokenize", samples=samples) if samples else None
         generations = run("generate", prompts=prompts) if prompts else None
         examples = run("extract", generations=generations, prompts=prompts) if generations else None
-        features = run("hidden_states", examples=examples) if examples else None
-        draft = run("train", features=features) if features else None
+        online = config.train.hidden_states == "online"  # no shards: train runs the target
+        features = run("hidden_states", examples=examples) if examples and not online else None
+        if online:
+            draft = run("train", examples=examples) if examples else None
+        else:
+            draft = run("train", features=features) if features else None
         if draft:
             run("evaluate", draft=draft, prompts=prompts)
     finally:

@@ -31,7 +31,7 @@ from eaglet.storage import (
     PARTIAL_SUFFIX,
     Manifest,
     StageOutput,
-    read_manifest,
+    reusable_stage,
     run_stage,
     stage_folder,
 )
@@ -63,7 +63,8 @@ class StageCache(CachePolicy):
         name = f"{self.stage}-{key}"
         # A record whose stage folder was deleted would hand back a manifest of missing files:
         # drop it so Prefect runs the task again.
-        if read_manifest(stage_folder(Path(config.work_dir), self.stage, key)) is None:
+        # So would a folder whose files no longer match its manifest (run_stage then says what).
+        if not reusable_stage(Path(config.work_dir), self.stage, key):
             (result_storage_path(config) / name).unlink(missing_ok=True)
         return name
 

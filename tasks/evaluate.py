@@ -13,7 +13,7 @@ from eaglet.draft.evaluate import evaluate_draft, plot_acceptance
 from eaglet.records.io import read_jsonl
 from eaglet.records.prompts import Prompt
 from eaglet.split import is_heldout
-from eaglet.storage import StageOutput, write_json_atomic
+from eaglet.storage import StageOutput, stage_dir, write_json_atomic
 from eaglet.target import end_token_ids, load_tokenizer
 from tasks.caching import run_stage_task, stage_task
 
@@ -27,7 +27,7 @@ def evaluate(config: PipelineConfig, draft: dict, prompts: dict, refresh: bool =
         fraction = config.train.holdout_fraction
         heldout = [
             p.prompt_ids
-            for p in read_jsonl(Path(prompts["path"]) / "prompts.jsonl", Prompt)
+            for p in read_jsonl(stage_dir(config.work_dir, prompts) / "prompts.jsonl", Prompt)
             if is_heldout(p.sample_id, fraction)
         ][: settings.max_prompts]
         if not heldout:
@@ -44,7 +44,7 @@ def evaluate(config: PipelineConfig, draft: dict, prompts: dict, refresh: bool =
             eos_token_ids=end_token_ids(config.target, tokenizer),
             aux_layer_ids=draft["info"]["aux_layer_ids"],
         )
-        draft_dir = Path(draft["path"]) / "draft"
+        draft_dir = stage_dir(config.work_dir, draft) / "draft"
         trained = evaluate_draft(draft_dir, **common, untrained_seed=0)
         baseline = trained.pop("untrained")
         report = {

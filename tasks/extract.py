@@ -15,7 +15,7 @@ from eaglet.config import PipelineConfig
 from eaglet.extract import check_quality_gate, write_examples
 from eaglet.reasoning import detect_format
 from eaglet.run_report import percent
-from eaglet.storage import StageOutput
+from eaglet.storage import StageOutput, stage_dir
 from eaglet.target import end_token_ids, load_tokenizer
 from tasks.caching import run_stage_task, stage_task
 
@@ -56,10 +56,11 @@ def extract(
             tokenizer, config.reasoning.format, config.tokenize.chat_template_kwargs
         )
         report = write_examples(
-            generations_path=Path(generations["path"]) / "generations.jsonl",
+            generations_path=stage_dir(config.work_dir, generations) / "generations.jsonl",
             prompts_paths=[
-                Path(prompts["path"]) / "prompts.jsonl",
-                Path(generations["path"]) / "turn_prompts.jsonl",  # regenerate="all" only
+                stage_dir(config.work_dir, prompts) / "prompts.jsonl",
+                # regenerate="all" only
+                stage_dir(config.work_dir, generations) / "turn_prompts.jsonl",
             ],
             out_dir=folder,
             tokenizer=tokenizer,

@@ -29,7 +29,7 @@ from eaglet.generation import (
 )
 from eaglet.records.io import read_jsonl
 from eaglet.records.prompts import Prompt
-from eaglet.storage import Manifest, StageOutput
+from eaglet.storage import Manifest, StageOutput, stage_dir
 from eaglet.target import load_tokenizer
 from eaglet.turns import generate_every_turn
 from tasks.caching import run_stage_task, stage_task
@@ -76,7 +76,8 @@ def generate(
     logger = get_run_logger()
 
     def body(folder: Path) -> StageOutput:
-        all_prompts = list(read_jsonl(Path(prompts["path"]) / "prompts.jsonl", Prompt))
+        prompts_path = stage_dir(config.work_dir, prompts) / "prompts.jsonl"
+        all_prompts = list(read_jsonl(prompts_path, Prompt))
         tokenizer = load_tokenizer(config.target)
         api_key = secret_api_key(config)
         if engine_spec(config.generation.engine).needs_server:

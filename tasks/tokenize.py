@@ -8,7 +8,7 @@ from prefect import get_run_logger
 
 from eaglet.config import PipelineConfig
 from eaglet.prompts import context_length, write_prompts
-from eaglet.storage import StageOutput
+from eaglet.storage import StageOutput, stage_dir
 from eaglet.target import load_config as load_target_config
 from eaglet.target import load_tokenizer
 from tasks.caching import run_stage_task, stage_task
@@ -25,7 +25,7 @@ def tokenize(config: PipelineConfig, samples: dict, refresh: bool = False) -> di
         except (OSError, ValueError):  # no readable config.json: the tokenizer alone still works
             context = None
         counts, warning = write_prompts(
-            Path(samples["path"]) / "samples.jsonl",
+            stage_dir(config.work_dir, samples) / "samples.jsonl",
             folder,
             tokenizer,
             config.tokenize,

@@ -62,3 +62,54 @@ def test_schema_has_descriptions_for_the_ui_form():
     generation = schema["$defs"]["GenerationConfig"]["properties"]
     assert generation["engine"]["enum"] == ["local", "vllm", "sglang", "openai"]
     assert all("description" in field for field in generation.values())
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("datasets.5.limit=3", r"'datasets' has 3 item\(s\); index 5 is out of range"),
+        ("datasets.x.limit=3", r"'datasets' is a list; 'x' is not an index"),
+        ("generation.stop=[unclosed", r"the value is not valid YAML"),
+        ("generation.max_tokens", r"not of the form key.path=value"),
+        ("generation.max_tokens.x=1", r"'generation.max_tokens' is not a section"),
+    ],
+)
+def test_bad_override_is_a_config_error_naming_it(override, message):
+    with pytest.raises(ConfigError, match=message) as raised:
+        load_config(None, [override])
+    assert override in str(raised.value)
+
+
+def test_relative_paths_resolve_against_the_config_files_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "configs"
+    (folder / "data").mkdir(parents=True)
+    (folder / "model").mkdir()
+    (folder / "run.yaml").write_text(
+        "work_dir: ../runs/x\ntarget:\n  model: model\n"
+        "datasets:\n  - source: a\n    path: data/a.jsonl\n  - source: hub\n    path: org/set\n"
+    )
+    monkeypatch.chdir(tmp_path / "configs" / "data")  # anywhere but the config's folder
+    config = load_config(folder / "run.yaml")
+    assert config.work_dir == str(tmp_path / "runs" / "x")
+    assert config.target.model == str(folder / "model")
+    assert config.datasets[0].path == str(folder / "data" / "a.jsonl")
+    assert config.datasets[1].path == "org/set"  # a hub id stays one
+
+
+def test_override_paths_resolve_against_the_current_directory(tmp_path, monkeypatch):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "run.yaml").write_text("name: x\n")
+    monkeypatch.chdir(tmp_path)
+    config = load_config(tmp_path / "configs" / "run.yaml", ["work_dir=w"])
+    assert config.work_dir == str(tmp_path / "w")
+
+
+def test_hub_model_id_is_kept_as_it_is(tmp_path):
+    config = load_config(None, ["target.model=Qwen/Qwen3-0.6B"])
+    assert config.target.model == "Qwen/Qwen3-0.6B"
+
+
+@pytest.mark.parametrize("source", ["../x", "a/b", ".hidden", "", "a b"])
+def test_a_source_tag_that_could_name_a_path_is_rejected(source):
+    with pytest.raises(ConfigError, match=r"datasets\.0\.source"):
+        load_config(None, [f"datasets=[{{source: '{source}', path: x.jsonl}}]"])

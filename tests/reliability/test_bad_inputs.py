@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eaglet.config import DatasetSpec, TokenizeConfig
+from eaglet.config import ConfigError, DatasetSpec, TokenizeConfig, load_config
 from eaglet.datasets import DatasetError, RowSkipped, normalise_row, read_samples, write_samples
 from eaglet.prompts import write_prompts
 from eaglet.records.io import RecordFileError, read_jsonl, repair_and_read_ids, write_jsonl
@@ -333,3 +333,189 @@ def test_row_parser_fuzz_gives_text_messages_or_a_dataset_error(row):
     assert any(m["role"] == "user" for m in messages)
     assert all(isinstance(m["content"], str) for m in messages)
     assert tools is None or isinstance(tools, list)
+
+
+# --- config and command line: a ConfigError naming the override, never a traceback ------------
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "datasets.9.limit=3",  # index out of range
+        "datasets.first.limit=3",  # not an index
+        "generation.stop=[unclosed",  # not YAML
+        "generation.max_tokens",  # no value
+        "generation.max_tokens=-5",  # out of bounds
+        "generation.max_tokn=5",  # unknown key
+    ],
+)
+def test_bad_set_value_exits_2_naming_it_without_traceback(override, tmp_path, capsys):
+    from eaglet.cli import main
+
+    config = tmp_path / "run.yaml"
+    config.write_text(f"work_dir: {tmp_path / 'work'}\n")
+    code = main(["run", str(config), "--set", override])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "error:" in err and override.split("=")[0] in err
+    # Nothing ran, so nothing claims finished stages were kept.
+    assert "finished stages are kept" not in err
+
+
+def test_config_file_that_is_not_yaml_names_the_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"run\.yaml: not valid YAML"):
+        load_config(path)
+
+
+def test_config_file_that_is_a_list_names_the_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match=r"run\.yaml: the top level must be a mapping"):
+        load_config(path)
+
+
+def test_a_source_tag_with_dotdot_cannot_name_a_path(tmp_path):
+    with pytest.raises(ConfigError, match=r"datasets\.0\.source"):
+        load_config(None, [f"datasets=[{{source: ../../etc, path: {tmp_path / 'a.jsonl'}}}]"])
+
+
+# --- state on disk: manifests that are not JSON, edited, or folders that lost files ------------
+
+
+def finished_stage(work_dir: Path, stage: str = "generate", key: str = "k1") -> Path:
+    from eaglet.storage import StageOutput, run_stage
+
+    def body(folder: Path) -> StageOutput:
+        (folder / "generations.jsonl").write_text('{"sample_id": "a"}\n{"sample_id": "b"}\n')
+        (folder / "shard-000.bin").write_bytes(b"\0" * 64)
+        return StageOutput(counts={"records": 2}, info={})
+
+    run_stage(
+        work_dir=work_dir,
+        stage=stage,
+        key=key,
+        code_hash="c",
+        config={},
+        upstream=[],
+        body=body,
+    )
+    return work_dir / stage / key
+
+
+def rerun(work_dir: Path, stage: str = "generate", key: str = "k1"):
+    from eaglet.storage import StageOutput, run_stage
+
+    return run_stage(
+        work_dir=work_dir,
+        stage=stage,
+        key=key,
+        code_hash="c",
+        config={},
+        upstream=[],
+        body=lambda folder: StageOutput(counts={}, info={}),
+    )
+
+
+def test_a_manifest_that_is_not_json_is_an_error_naming_its_path_and_stage(tmp_path):
+    from eaglet.errors import is_transient
+    from eaglet.storage import ManifestError
+
+    folder = finished_stage(tmp_path)
+    (folder / "manifest.json").write_text('{"stage": "generate", "key": ')
+    with pytest.raises(ManifestError, match=r"k1/manifest\.json: not valid JSON") as raised:
+        rerun(tmp_path)
+    assert "--refresh-from generate" in str(raised.value)
+    assert not is_transient(raised.value)  # never retried
+
+
+def test_a_hand_edited_manifest_is_detected(tmp_path):
+    from eaglet.storage import ManifestError
+
+    folder = finished_stage(tmp_path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["counts"]["records"] = 2000
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match="edited since the stage wrote it"):
+        rerun(tmp_path)
+
+
+def test_a_deleted_shard_of_a_cached_stage_names_the_file_and_stage(tmp_path):
+    from eaglet.storage import StageCorruptError, reusable_stage
+
+    folder = finished_stage(tmp_path)
+    (folder / "shard-000.bin").unlink()
+    assert not reusable_stage(tmp_path, "generate", "k1")  # Prefect's cache record is dropped
+    with pytest.raises(StageCorruptError, match=r"shard-000\.bin: missing \(the manifest lists 64"):
+        rerun(tmp_path)
+
+
+def test_a_cut_line_in_a_finished_generations_file_names_sizes_and_stage(tmp_path):
+    from eaglet.storage import StageCorruptError
+
+    folder = finished_stage(tmp_path)
+    path = folder / "generations.jsonl"
+    path.write_bytes(path.read_bytes()[:-5])
+    with pytest.raises(StageCorruptError) as raised:
+        rerun(tmp_path)
+    message = str(raised.value)
+    assert "generations.jsonl: 33 bytes, the manifest says 38" in message
+    assert "--refresh-from generate" in message
+
+
+def test_same_size_other_content_is_found_by_its_sha256(tmp_path, monkeypatch):
+    from eaglet.storage import StageCorruptError
+
+    folder = finished_stage(tmp_path)
+    (folder / "shard-000.bin").write_bytes(b"\1" * 64)
+    with pytest.raises(StageCorruptError, match=r"shard-000\.bin: sha256 [0-9a-f]{64}, the "):
+        rerun(tmp_path)
+    monkeypatch.setenv("EAGLET_VERIFY", "size")  # sizes only: the cheap check passes
+    assert rerun(tmp_path).counts == {"records": 2}
+
+
+def test_inspect_shows_corrupt_stages_and_an_absolute_path(tmp_path, capsys):
+    from eaglet.cli import main
+
+    work_dir = tmp_path / "work"
+    finished_stage(work_dir, "download", "d1")
+    finished_stage(work_dir, "tokenize", "t1")
+    gen = finished_stage(work_dir, "generate", "g1")
+    (work_dir / "tokenize" / "t1" / "manifest.json").write_text("{not json")
+    (gen / "generations.jsonl").write_text("")
+    assert main(["inspect", str(work_dir), "--json"]) == 0
+    stages = json.loads(capsys.readouterr().out)["stages"]
+    assert stages["download"]["status"] == "complete"
+    assert stages["download"]["path"] == str((work_dir / "download" / "d1").resolve())
+    assert stages["tokenize"]["status"] == "corrupt"
+    assert "manifest.json: not valid JSON" in stages["tokenize"]["problems"][0]
+    assert stages["generate"]["status"] == "corrupt"
+    assert main(["inspect", str(work_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "--refresh-from generate" in out and "--refresh-from tokenize" in out
+
+
+def test_inspect_verify_hashes_what_sizes_cannot_see(tmp_path, capsys):
+    from eaglet.cli import main
+
+    work_dir = tmp_path / "work"
+    folder = finished_stage(work_dir, "download", "d1")
+    (folder / "shard-000.bin").write_bytes(b"\1" * 64)
+    main(["inspect", str(work_dir), "--json"])
+    assert json.loads(capsys.readouterr().out)["stages"]["download"]["status"] == "complete"
+    main(["inspect", str(work_dir), "--json", "--verify"])
+    assert json.loads(capsys.readouterr().out)["stages"]["download"]["status"] == "corrupt"
+
+
+def test_manifests_name_their_folder_relative_to_the_work_dir(tmp_path):
+    import shutil
+
+    from eaglet.storage import stage_dir
+
+    folder = finished_stage(tmp_path / "a")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["path"] == "generate/k1"
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    moved = rerun(tmp_path / "b")  # the copy is complete and verified where it is
+    assert stage_dir(tmp_path / "b", moved) == tmp_path / "b" / "generate" / "k1"
