@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from eaglet.errors import is_transient_status
+from eaglet.progress import Throttle
 from eaglet.records.generations import Generation
 from eaglet.records.io import Record, record_line, repair_and_read_ids
 from eaglet.records.prompts import Prompt
 
 T = TypeVar("T")
 
-PROGRESS_EVERY_S = 5.0
 FSYNC_EVERY_S = 10.0  # flush() survives a killed process; fsync guards against power loss
 
 
@@ -198,17 +198,15 @@ class _ProgressReporter:
     def __init__(self, callback: Callable[[GenerationProgress], None] | None) -> None:
         self.callback = callback
         self.pending: asyncio.Future | None = None
-        self.last = 0.0
+        self.throttle = Throttle()
 
     def maybe(self, make: Callable[[], GenerationProgress], force: bool = False) -> None:
         if self.callback is None:
             return
-        now = time.monotonic()
-        if not force and now - self.last < PROGRESS_EVERY_S:
-            return
         if self.pending is not None and not self.pending.done():
             return
-        self.last = now
+        if not self.throttle.ready(force):
+            return
         self.pending = asyncio.ensure_future(asyncio.to_thread(self.callback, make()))
 
     async def final(self, progress: GenerationProgress) -> None:

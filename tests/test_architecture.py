@@ -1,41 +1,112 @@
-"""Layering: flows → tasks → eaglet, and the core never imports Prefect."""
+"""Layering: flows → tasks → eaglet; the core never imports Prefect, tasks or flows (but for the
+CLI's lazy imports inside functions); no import cycle among the project's modules, counting
+the imports inside functions too. The import graph is read from the source with `ast`."""
+
+from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("eaglet", "tasks", "flows")
 
 
-def imported_modules(path: Path) -> set[str]:
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {
+    module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")
+}
+
+
+def imports_of(name: str, top_level_only: bool = False) -> set[str]:
+    """Every module `name` imports (project or not), relative imports resolved, `from pkg
+    import mod` read as `pkg.mod` when that is a module."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in nodes:
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.add(module)
+            submodules = (f"{module}.{alias.name}" for alias in node.names)
+            found.update(m for m in submodules if m in MODULES)
+    return found
+
+
+def project_graph() -> dict[str, set[str]]:
+    return {name: {m for m in imports_of(name) if m in MODULES} - {name} for name in MODULES}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                return path[path.index(target) :] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def roots(names: set[str]) -> set[str]:
+    return {n.split(".")[0] for n in names}
+
+
+def test_no_import_cycle_among_the_projects_modules():
+    assert find_cycle(project_graph()) is None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
 def test_core_never_imports_prefect_tasks_or_flows():
     offenders = {
-        str(path.relative_to(ROOT)): imported_modules(path) & {"prefect", "tasks", "flows"}
-        for path in (ROOT / "eaglet").rglob("*.py")
+        name: roots(imports_of(name)) & {"prefect", "tasks", "flows"}
+        for name in MODULES
+        if name.startswith("eaglet") and name != "eaglet.cli"
     }
-    # The CLI may start a flow, but only through a lazy import inside a function.
-    offenders = {k: v for k, v in offenders.items() if v and k != "eaglet/cli.py"}
-    assert offenders == {}
+    assert {k: v for k, v in offenders.items() if v} == {}
 
 
-def test_cli_imports_flows_lazily():
-    tree = ast.parse((ROOT / "eaglet" / "cli.py").read_text())
-    top_level = {
-        node.module.split(".")[0]
-        for node in tree.body
-        if isinstance(node, ast.ImportFrom) and node.module
-    }
-    assert not top_level & {"prefect", "flows", "tasks"}
+def test_cli_imports_prefect_tasks_and_flows_only_inside_functions():
+    assert not roots(imports_of("eaglet.cli", top_level_only=True)) & {"prefect", "flows", "tasks"}
 
 
 def test_tasks_never_import_flows():
-    for path in (ROOT / "tasks").rglob("*.py"):
-        assert "flows" not in imported_modules(path), path
+    offenders = {n: imports_of(n) for n in MODULES if n.startswith("tasks")}
+    assert {k for k, v in offenders.items() if "flows" in roots(v)} == set()
+
+
+def test_no_engine_imports_another_engine():
+    """The registry builds engines by module path; the HTTP base never imports its subclasses."""
+    from eaglet.engines.registry import ENGINES
+
+    engine_modules = {spec.module for spec in ENGINES.values()}
+    graph = project_graph()
+    assert not graph["eaglet.engines.registry"] & engine_modules
+    for module in engine_modules | {"eaglet.engines.http"}:
+        assert not (graph[module] & engine_modules) - {module}, module

@@ -11,8 +11,9 @@ import pytest
 
 from eaglet import cache
 from eaglet.config import STAGES, load_config
+from eaglet.progress import Throttle
 from eaglet.records.io import repair_and_read_ids
-from eaglet.storage import StageOutput, read_manifest, run_stage
+from eaglet.storage import StageOutput, atomic_folder, read_manifest, replace_folder, run_stage
 
 
 def run_simple(tmp_path, body, key="k1", **kwargs):
@@ -234,3 +235,35 @@ def test_dataset_key_follows_file_content_not_path(tmp_path):
     assert cache.stage_key("download", config_moved, []) == key
     moved.write_text('{"messages": [{"role": "user", "content": "bye"}]}\n')
     assert cache.stage_key("download", config_moved, []) != key
+
+
+def test_replace_folder_swaps_a_whole_folder_and_leaves_nothing_behind(tmp_path):
+    final, new = tmp_path / "draft", tmp_path / "draft.tmp"
+    final.mkdir()
+    (final / "old.bin").write_text("old")
+    new.mkdir()
+    (new / "new.bin").write_text("new")
+    replace_folder(new, final)
+    assert sorted(p.name for p in final.iterdir()) == ["new.bin"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft"]
+
+
+def test_atomic_folder_keeps_the_old_folder_when_writing_fails(tmp_path):
+    final = tmp_path / "state"
+    with atomic_folder(final) as tmp:
+        (tmp / "a").write_text("1")
+    with pytest.raises(RuntimeError), atomic_folder(final) as tmp:
+        (tmp / "a").write_text("2")
+        raise RuntimeError("crash mid-write")
+    assert (final / "a").read_text() == "1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state"]
+
+
+def test_throttle_reports_at_most_every_interval_and_always_when_forced():
+    now = [0.0]
+    throttle = Throttle(every_s=5.0, clock=lambda: now[0])
+    ticks = []
+    for t in (0.0, 1.0, 4.9, 5.0, 6.0, 10.5, 11.0):
+        now[0] = t
+        ticks.append(throttle.ready(force=t == 11.0))
+    assert ticks == [True, False, False, True, False, True, True]

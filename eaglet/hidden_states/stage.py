@@ -33,6 +33,7 @@ from eaglet.hidden_states.hf import HFBackend
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids
 from eaglet.hidden_states.shards import join_samples, write_safetensors_hashed
 from eaglet.hidden_states.storage import bytes_per_token, check_storage, encode
+from eaglet.progress import Throttle
 from eaglet.records.examples import Example
 from eaglet.storage import StageOutput, sha256_file, write_json_atomic
 from eaglet.target import load_config
@@ -214,14 +215,14 @@ class Progress:
     def __init__(self, total_tokens: int, report: Callable[[str], None], every_s: float = 5.0):
         self.total, self.report, self.every_s = total_tokens, report, every_s
         self.done = 0
-        self.started = self.last = time.time()
+        self.started = time.time()
+        self.throttle = Throttle(every_s)
 
     def add(self, tokens: int, force: bool = False) -> None:
         self.done += tokens
-        now = time.time()
-        if not force and now - self.last < self.every_s and self.done < self.total:
+        if not self.throttle.ready(force or self.done >= self.total):
             return
-        self.last = now
+        now = time.time()
         rate = self.done / max(now - self.started, 1e-9)
         eta = (self.total - self.done) / max(rate, 1e-9)
         self.report(
