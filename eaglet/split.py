@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 
 from eaglet.records.prompts import conversation_id
 
@@ -13,3 +14,8 @@ def is_heldout(sample_id: str, fraction: float) -> bool:
     key = conversation_id(sample_id)
     bucket = int(hashlib.sha256(f"holdout:{key}".encode()).hexdigest()[:8], 16)
     return bucket / 0x1_0000_0000 < fraction
+
+
+def heldout_ids(sample_ids: Iterable[str], fraction: float) -> set[str]:
+    """The ids among `sample_ids` held out of training (for evaluation), as `is_heldout` says."""
+    return {sample_id for sample_id in sample_ids if is_heldout(sample_id, fraction)}
