@@ -10,6 +10,7 @@ Prefect record sits inside the work dir: deleting a work dir clears its cache to
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,9 +65,23 @@ class StageCache(CachePolicy):
         # A record whose stage folder was deleted would hand back a manifest of missing files:
         # drop it so Prefect runs the task again.
         # So would a folder whose files no longer match its manifest (run_stage then says what).
-        if not reusable_stage(Path(config.work_dir), self.stage, key):
-            (result_storage_path(config) / name).unlink(missing_ok=True)
+        # And Prefect unpickles a record whose file names the pickle serializer, whatever the
+        # task declares: a work dir may come from elsewhere, so only JSON records are read.
+        record = result_storage_path(config) / name
+        if not reusable_stage(Path(config.work_dir), self.stage, key) or not _json_record(record):
+            record.unlink(missing_ok=True)
         return name
+
+
+def _json_record(path: Path) -> bool:
+    """True unless `path` is a Prefect result record with another serializer than JSON (or
+    not a record at all)."""
+    if not path.exists():
+        return True
+    try:
+        return json.loads(path.read_bytes())["metadata"]["serializer"]["type"] == "json"
+    except (ValueError, KeyError, TypeError, OSError):
+        return False
 
 
 def result_storage_path(config: PipelineConfig) -> Path:

@@ -18,10 +18,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import ROOT
+import pytest
 
 MARKER = "EAGLET_FAULT_RUN"
 TEMPORARY_SUFFIXES = (".partial", ".tmp", ".temp")
+
+
+@pytest.fixture(autouse=True)
+def patient_prefect(monkeypatch):
+    """The temporary Prefect server a run starts migrates a fresh database first: on a loaded
+    CI machine that takes longer than Prefect's 20 s default."""
+    if "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" not in os.environ:
+        monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
 def start_run(args: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None):
@@ -118,10 +126,3 @@ def records_by_id(path: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
             duplicates.append(key)
         records[key] = record
     return records, duplicates
-
-
-def python() -> str:
-    return sys.executable
-
-
-__all__ = ["ROOT"]

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
@@ -226,3 +227,51 @@ def test_an_https_server_with_a_self_signed_certificate_is_refused(engine, tmp_p
         message = failed.read_text()
         assert "CERTIFICATE_VERIFY_FAILED" in message or "certificate" in message.lower(), message
         assert httpx2.get(f"{url}/health", verify=False).status_code == 200
+
+
+class _WritesAFile:
+    """Unpickling this creates `path`: what a planted pickle could do, harmlessly."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.slow
+def test_a_pickled_prefect_result_planted_in_the_work_dir_is_never_unpickled(
+    tmp_path, sample_data_dir
+):
+    """Prefect reads a cached task result with the serializer named inside the result file,
+    whatever the task declares: a work dir from someone else could hold a pickle. eaglet's
+    cache drops any result that is not JSON, and the stage comes back from its folder."""
+    import base64
+    import pickle  # noqa: S403 - the test writes the attacker's file
+
+    from tests.conftest import run_cli
+
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "work_dir": str(tmp_path / "work"),
+                "datasets": [
+                    {"source": "arith", "path": str(sample_data_dir / "arith.jsonl"), "limit": 4}
+                ],
+            }
+        )
+    )
+    first = run_cli(["run", str(config), "--until", "download"], cwd=tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    [record] = (tmp_path / "work" / ".prefect-results").glob("download-*")
+    planted = json.loads(record.read_text())
+    assert planted["metadata"]["serializer"]["type"] == "json"
+    marker = tmp_path / "unpickled"
+    planted["metadata"]["serializer"] = {"type": "pickle", "picklelib": "pickle"}
+    planted["result"] = base64.encodebytes(pickle.dumps(_WritesAFile(str(marker)))).decode()
+    record.write_text(json.dumps(planted))
+
+    second = run_cli(["run", str(config), "--until", "download"], cwd=tmp_path)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert not marker.exists(), "eaglet unpickled a result file from the work dir"
