@@ -15,41 +15,8 @@ from contextlib import contextmanager
 import pytest
 
 from eaglet.canary import PARSER_HINT, canary_limits, run_canary, systematic
-from eaglet.config import PipelineConfig
-from eaglet.engines.registry import make_engine
-from eaglet.records.prompts import Prompt
-from tests.fake_servers import EOS_ID, FakeServer, ToyTokenizer, serve
-
-TOKENIZER = ToyTokenizer()
-
-
-def make_prompt(i: int) -> Prompt:
-    messages = [{"role": "user", "content": f"What is {i} + {i}?"}]
-    text = TOKENIZER.apply_chat_template(messages, add_generation_prompt=True)
-    return Prompt(
-        sample_id=f"s{i:03d}",
-        source="toy",
-        prompt_ids=TOKENIZER.encode(text),
-        prompt_text=text,
-        messages=messages,
-    )
-
-
-def make_config(endpoints: list[str], engine: str = "vllm", **generation) -> PipelineConfig:
-    settings = {
-        "engine": engine,
-        "endpoints": endpoints,
-        "retry_backoff_s": 0.01,
-        "request_timeout_s": 5,
-        "max_tokens": 128,
-        **generation,
-    }
-    return PipelineConfig.model_validate({"generation": settings})
-
-
-def engine_for(config: PipelineConfig):
-    return make_engine(config, TOKENIZER, end_ids=[EOS_ID])
-
+from tests.engine_helpers import TOKENIZER, engine_for, make_config, make_prompt
+from tests.fake_servers import EOS_ID, FakeServer, serve
 
 PROMPTS = [make_prompt(i) for i in range(4)]
 

@@ -19,52 +19,13 @@ from eaglet.config import GenerationConfig, PipelineConfig
 from eaglet.engines.base import SamplingParams
 from eaglet.engines.http import bounded_map, retry_after_seconds
 from eaglet.engines.openai_chat import OpenAIChatEngine
-from eaglet.engines.registry import ENGINES, engine_spec, make_engine
+from eaglet.engines.registry import ENGINES, engine_spec
 from eaglet.engines.sglang import SGLangEngine
 from eaglet.engines.vllm import VLLMEngine
 from eaglet.generation import Failure
 from eaglet.records.generations import Generation
-from eaglet.records.prompts import Prompt
-from tests.fake_servers import EOS_ID, FakeServer, ToyTokenizer, free_port, serve
-
-TOKENIZER = ToyTokenizer()
-
-
-def make_prompt(i: int, tools: bool = False) -> Prompt:
-    messages = [{"role": "user", "content": f"What is {i} + {i}?"}]
-    tool_list = [{"type": "function", "function": {"name": "add"}}] if tools else None
-    text = TOKENIZER.apply_chat_template(messages, tools=tool_list, add_generation_prompt=True)
-    return Prompt(
-        sample_id=f"s{i:03d}",
-        source="toy",
-        prompt_ids=TOKENIZER.encode(text),
-        prompt_text=text,
-        messages=messages,
-        tools=tool_list,
-    )
-
-
-def make_config(endpoints: list[str], engine: str = "vllm", **generation) -> PipelineConfig:
-    settings = {
-        "engine": engine,
-        "endpoints": endpoints,
-        "retry_backoff_s": 0.01,
-        "request_timeout_s": 5,
-        "max_tokens": 128,
-        **generation,
-    }
-    return PipelineConfig.model_validate({"generation": settings})
-
-
-def collect(engine, prompts) -> list[Generation | Failure]:
-    async def run():
-        return [item async for item in engine.generate_async(prompts)]
-
-    return asyncio.run(run())
-
-
-def engine_for(config: PipelineConfig, **kwargs):
-    return make_engine(config, TOKENIZER, end_ids=[EOS_ID], **kwargs)
+from tests.engine_helpers import TOKENIZER, collect, engine_for, make_config, make_prompt
+from tests.fake_servers import EOS_ID, FakeServer, free_port, serve
 
 
 @pytest.fixture(scope="module")
