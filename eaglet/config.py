@@ -201,6 +201,22 @@ class ReasoningConfig(_Strict):
     max_truncation_rate: float = Field(
         0.2, ge=0.0, le=1.0, description="Quality gate: fail when more records hit max_tokens."
     )
+    max_thinking_in_answer_rate: float = Field(
+        0.05,
+        ge=0.0,
+        le=1.0,
+        description="Quality gate: fail when, in any source, more records than this have no "
+        "reasoning split out yet think tags in the answer (the seeds' signature: thinking "
+        "trained as the answer, e.g. reasoning.format or chat_template_kwargs wrong).",
+    )
+    max_prompt_mismatch_rate: float = Field(
+        0.05,
+        ge=0.0,
+        le=1.0,
+        description="Quality gate: fail when, in any source, more records than this were "
+        "generated from other prompt ids than the configured chat template renders (a server "
+        "that rendered with its own template or kwargs, as in SpecForge #296).",
+    )
 
 
 class HiddenStatesConfig(_Strict):
@@ -371,6 +387,15 @@ class EvaluateConfig(_Strict):
         ge=0.0,
         description="Largest |served tau - offline tau| at the same k before the stage fails.",
     )
+
+    @model_validator(mode="after")
+    def _serving_needs_a_server(self) -> EvaluateConfig:
+        if self.serving == "vllm" and not (self.serving_endpoint or self.vllm_python):
+            raise ValueError(
+                "evaluate.serving=vllm needs evaluate.serving_endpoint (a running server) or "
+                "evaluate.vllm_python (the python of a vLLM venv, to start one)"
+            )
+        return self
 
 
 class ExecutionConfig(_Strict):

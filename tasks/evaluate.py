@@ -1,5 +1,6 @@
 """The evaluate stage as a Prefect task: held-out prompts → acceptance length τ of the draft,
-beside an untrained draft's τ, as `report.json`, a PNG plot and Prefect artifacts."""
+beside an untrained draft's τ (and, with evaluate.serving=vllm, τ served by vLLM), as
+`report.json`, a PNG plot and Prefect artifacts."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from eaglet.config import PipelineConfig
-from eaglet.draft.evaluate import evaluate_draft, plot_acceptance
+from eaglet.draft.evaluate import evaluation_report
 from eaglet.records.io import read_jsonl
 from eaglet.records.prompts import Prompt
 from eaglet.split import is_heldout
-from eaglet.storage import StageOutput, stage_dir, write_json_atomic
+from eaglet.storage import StageOutput, stage_dir
 from eaglet.target import end_token_ids, load_tokenizer
 from tasks.caching import run_stage_task, stage_task
 
@@ -35,37 +36,23 @@ def evaluate(config: PipelineConfig, draft: dict, prompts: dict, refresh: bool =
                 f"no held-out prompts: train.holdout_fraction={fraction} left none of "
                 f"{prompts['counts']['records']} prompts for evaluation; raise it"
             )
-        tokenizer = load_tokenizer(config.target)
-        common = dict(
-            target_model_dir=Path(config.target.model),
-            prompts=heldout,
-            num_speculative_tokens=settings.num_speculative_tokens,
-            max_new_tokens=settings.max_new_tokens,
-            eos_token_ids=end_token_ids(config.target, tokenizer),
-            aux_layer_ids=draft["info"]["aux_layer_ids"],
+        draft_dir = stage_dir(config.work_dir, draft) / "draft"  # the vLLM export
+        eos = end_token_ids(config.target, load_tokenizer(config.target))
+        # layer ids from the draft's own config: what a server reads
+        report = evaluation_report(settings, config.target, draft_dir, heldout, eos, None, folder)
+        trained, baseline = report["draft"], report["untrained"]
+        served = report.get("served")
+        line = (
+            f"acceptance length tau {trained['tau']:.3f} (untrained draft {baseline['tau']:.3f}) "
+            f"on {len(heldout)} held-out prompts, k = {settings.num_speculative_tokens}"
         )
-        draft_dir = stage_dir(config.work_dir, draft) / "draft"
-        trained = evaluate_draft(draft_dir, **common, untrained_seed=0)
-        baseline = trained.pop("untrained")
-        report = {
-            "draft": trained,
-            "untrained": baseline,
-            "prompts": len(heldout),
-            "tau": trained["tau"],
-            "untrained_tau": baseline["tau"],
-        }
-        write_json_atomic(folder / "report.json", report)
-        plot_acceptance(trained, folder / "acceptance.png")
-        logger.info(
-            "acceptance length tau %.3f (untrained draft %.3f) on %d held-out prompts",
-            trained["tau"],
-            baseline["tau"],
-            len(heldout),
-        )
+        if served is not None:
+            line += f"; served by vLLM: tau {served['tau']:.3f} (gap {report['serving_gap']:.3f})"
+        logger.info("%s", line)
+        by_k = ", ".join(f"k={k}: {tau:.3f}" for k, tau in report["tau_by_k"].items())
         create_markdown_artifact(
-            f"# Draft evaluation\n\nτ = **{trained['tau']:.3f}** (untrained draft "
-            f"{baseline['tau']:.3f}) over {len(heldout)} held-out prompts, "
-            f"k = {settings.num_speculative_tokens}.\n\nPlot: `{folder.parent / folder.name}`",
+            f"# Draft evaluation\n\n{line}.\n\nOffline tau by k: {by_k}.\n\n"
+            f"Plot: `{folder.parent / folder.name}`",
             key="draft-evaluation",
         )
         create_table_artifact(
@@ -77,7 +64,11 @@ def evaluate(config: PipelineConfig, draft: dict, prompts: dict, refresh: bool =
         )
         return StageOutput(
             counts={"records": len(heldout)},
-            info={"tau": trained["tau"], "untrained_tau": baseline["tau"]},
+            info={
+                "tau": trained["tau"],
+                "untrained_tau": baseline["tau"],
+                **({"served_tau": served["tau"]} if served is not None else {}),
+            },
         )
 
     return run_stage_task(

@@ -6,17 +6,18 @@ Owns two on-disk formats, neither using pickle:
   EAGLE-3 layout that vLLM (`LlamaForCausalLMEagle3` -> `Eagle3LlamaForCausalLM`) and SGLang load:
   `midlayer.*`, `fc.weight`, `norm.weight`, `lm_head.weight`, `d2t` (int64 [Vd]), `t2d` (bool [V]).
   The aux layer ids are written as given, top level and under `eagle_config`, with the convention
-  they are in under `eaglet.aux_layer_convention`.
+  they are in under `eaglet.aux_layer_convention`. `load_draft` also reads the other exports
+  (`eaglet.draft.export`: SGLang ids, speculators format) and `aux_layer_ids` gives any of them
+  back in the convention eaglet trains and evaluates in (vLLM's).
 * the training state (`save_training_state` / `load_training_state`): model + optimizer tensors
   and RNG state as safetensors, step/epoch/param groups as JSON, and the draft vocab as JSON.
-Directories are written next to their final place and renamed in, so a crash never leaves a
-half-written checkpoint where a reader would look.
+Directories are written next to their final place and renamed in (`atomic_folder`), so a crash
+never leaves a half-written checkpoint where a reader would look.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -24,8 +25,14 @@ from safetensors.torch import load_file, save_file
 
 from eaglet.draft.model import Eagle3Config, Eagle3Draft
 from eaglet.draft.vocab import DraftVocab
+from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
+from eaglet.storage import atomic_folder
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+# SGLang's configured id i is the output of decoder layer i (it adds 1; see eaglet/draft/export.py)
+SGLANG_AUX_LAYER_CONVENTION = "sglang: id i = output of decoder layer i = HF hidden_states[i+1]"
+MIDLAYER_PREFIX = "midlayer."  # EAGLE/SGLang/vLLM weight names of the decoder layer
+SPECULATORS_LAYER_PREFIX = "layers.0."  # speculators' names of the same layer
 
 
 def draft_config_json(
@@ -59,6 +66,8 @@ def draft_config_json(
 
 
 def config_from_json(d: dict) -> Eagle3Config:
+    if d.get("speculators_model_type") == "eagle3":  # speculators format: the layer is nested
+        d = {**d, **d["transformer_layer_config"], "draft_vocab_size": d["draft_vocab_size"]}
     return Eagle3Config(
         hidden_size=d["hidden_size"],
         intermediate_size=d["intermediate_size"],
@@ -79,20 +88,28 @@ def _tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
 
 
-def _move_into_place(tmp: Path, final: Path) -> None:
-    old = final.with_name(final.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _fresh_tmp(final: Path) -> Path:
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    return tmp
+def aux_layer_ids(config: dict, where: Path | str = "config.json") -> list[int]:
+    """The draft's aux layer ids in the vLLM convention (HF `hidden_states[i]`), whichever export
+    `config` (a draft's config.json) comes from: eaglet's label says which convention its ids
+    are in; a config without one (speculators format, a peer's vLLM checkpoint) is read as vLLM
+    reads it."""
+    ids = config.get("eagle_aux_hidden_state_layer_ids") or config.get("eagle_config", {}).get(
+        "eagle_aux_hidden_state_layer_ids"
+    )
+    if not ids:
+        raise ValueError(
+            f"{where}: no eagle_aux_hidden_state_layer_ids; pass the ids the draft was trained on"
+        )
+    convention = config.get("eaglet", {}).get("aux_layer_convention", AUX_LAYER_CONVENTION)
+    if convention == AUX_LAYER_CONVENTION:
+        return [int(i) for i in ids]
+    if convention == SGLANG_AUX_LAYER_CONVENTION:
+        return [int(i) + 1 for i in ids]
+    raise ValueError(
+        f"{where}: eaglet.aux_layer_convention {convention!r} is neither "
+        f"{AUX_LAYER_CONVENTION!r} nor {SGLANG_AUX_LAYER_CONVENTION!r}; pass the ids in the "
+        "first (HF hidden_states indices) explicitly"
+    )
 
 
 def save_draft(
@@ -100,20 +117,26 @@ def save_draft(
 ) -> Path:
     """Write `config.json` + `model.safetensors` (float32) into `out_dir`."""
     out_dir = Path(out_dir)
-    tmp = _fresh_tmp(out_dir)
     config = draft_config_json(model.config, aux_layer_ids, aux_layer_convention)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(_tensors(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    _move_into_place(tmp, out_dir)
+    with atomic_folder(out_dir) as tmp:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(_tensors(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
     return out_dir
 
 
 def load_draft(draft_dir: Path, device: str | torch.device = "cpu") -> tuple[Eagle3Draft, dict]:
-    """The draft and its config.json dict, exactly as saved."""
+    """The draft and its config.json dict, exactly as saved; any of the exports (vLLM, SGLang,
+    speculators format) loads."""
     draft_dir = Path(draft_dir)
     config = json.loads((draft_dir / "config.json").read_text())
     model = Eagle3Draft(config_from_json(config))
-    model.load_state_dict(load_file(str(draft_dir / "model.safetensors")), strict=True)
+    tensors = {
+        MIDLAYER_PREFIX + name[len(SPECULATORS_LAYER_PREFIX) :]
+        if name.startswith(SPECULATORS_LAYER_PREFIX)
+        else name: tensor
+        for name, tensor in load_file(str(draft_dir / "model.safetensors")).items()
+    }
+    model.load_state_dict(tensors, strict=True)
     return model.to(device), config
 
 
@@ -129,8 +152,13 @@ def save_training_state(
 ) -> None:
     """model.safetensors, optimizer.safetensors (+ groups in meta), rng.safetensors, vocab.json,
     state.json (`meta` plus optimizer param groups)."""
-    state_dir = Path(state_dir)
-    tmp = _fresh_tmp(state_dir)
+    with atomic_folder(Path(state_dir)) as tmp:
+        _write_training_state(tmp, model, optimizer, vocab, meta)
+
+
+def _write_training_state(
+    tmp: Path, model: Eagle3Draft, optimizer: torch.optim.Optimizer, vocab: DraftVocab, meta: dict
+) -> None:
     save_file(_tensors(model), str(tmp / "model.safetensors"))
 
     opt = optimizer.state_dict()
@@ -151,7 +179,6 @@ def save_training_state(
     vocab.save(tmp / "vocab.json")
     state = dict(meta, optimizer_param_groups=opt["param_groups"], optimizer_scalars=opt_scalars)
     (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
-    _move_into_place(tmp, state_dir)
 
 
 def load_training_state(

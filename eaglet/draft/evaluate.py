@@ -1,16 +1,23 @@
 """Offline evaluation of a draft: acceptance length tau under greedy chain speculation.
 
 Owns `evaluate_draft` (a trained draft, and beside it a freshly initialised draft with the same
-config and vocab for the trained-vs-untrained comparison) and `plot_acceptance`.
+config and vocab for the trained-vs-untrained comparison, tau for every k = 1..K) and
+`plot_acceptance`.
 
-One round, batch 1, no KV cache (the target re-reads the whole sequence; fine for the small
-models this runs on): the target's forward over the sequence x_0..x_{L-1} gives its aux features
+One round, batch 1: the target's forward over the sequence x_0..x_{L-1} gives its aux features
 and its greedy next token x_L; the draft runs step 0 over every index (feeding x_{t+1}, x_L at the
 last) and k-1 more steps at the last index with its own hidden state and its own tokens - the
 same `Eagle3Draft.forward` that training unrolls; the target checks the k drafted tokens greedily
 and the round emits x_L plus the n accepted ones. tau = mean over rounds of n + 1, which is vLLM's
 1 + accepted / drafts. Speculation must reproduce plain greedy decoding; `outputs_match_greedy`
 records that it did.
+
+With `use_cache` (the default) both models keep a KV cache: the target reads only the k + 1
+tokens of a round (its cache cropped back to the accepted prefix afterwards) and the draft
+computes step 0 only for positions it has not seen (the positions of earlier rounds keep their
+keys: their inputs x_{t+1} and aux features never change). Without it every round re-reads the
+whole sequence; both give the same tokens (tests/test_evaluate.py). The target runs where
+`TargetConfig.device` says (the GPU when there is one, with `auto`).
 """
 
 from __future__ import annotations
@@ -22,19 +29,25 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from eaglet.config import EvaluateConfig, TargetConfig
+from eaglet.draft.checkpoint import aux_layer_ids as draft_aux_layer_ids
 from eaglet.draft.checkpoint import config_from_json, load_draft
-from eaglet.draft.model import Eagle3Draft, ttt_attention_mask
+from eaglet.draft.model import Eagle3Draft, KVCache, ttt_attention_mask
+from eaglet.draft.serving import check_gap, measure_served
+from eaglet.storage import write_json_atomic
+from eaglet.target import load_model
 
-HF_INDEX = "hf_hidden_states_index"  # id i = HF hidden_states[i] = input of layer i (vLLM)
+
+def as_target_config(target: TargetConfig | Path | str, device: str | None = None) -> TargetConfig:
+    """A `TargetConfig` (a bare model folder means float32 on `device`, default auto)."""
+    if isinstance(target, TargetConfig):
+        return target if device is None else target.model_copy(update={"device": device})
+    return TargetConfig(model=str(target), dtype="float32", device=device or "auto")
 
 
-def load_target(target_model_dir: Path, device: str = "cpu", trust_remote_code: bool = False):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        str(target_model_dir), dtype=torch.float32, trust_remote_code=trust_remote_code
-    )
-    return model.to(device).eval()
+def load_target(target: TargetConfig | Path | str, device: str | None = None):
+    """The target model for evaluation, through `eaglet.target.load_model`."""
+    return load_model(as_target_config(target, device))
 
 
 def default_eos_ids(target) -> list[int]:
@@ -45,13 +58,14 @@ def default_eos_ids(target) -> list[int]:
     return []
 
 
-def resolve_aux_ids(draft_config: dict, aux_layer_ids: list[int] | None) -> list[int]:
+def resolve_aux_ids(
+    draft_config: dict, aux_layer_ids: list[int] | None, where: Path | str = "config.json"
+) -> list[int]:
+    """HF hidden_states indices to feed the draft: the given ids, else the draft's own (any
+    export: the convention label in its config says how to read them)."""
     if aux_layer_ids is not None:
         return list(aux_layer_ids)
-    convention = draft_config.get("eaglet", {}).get("aux_layer_convention", HF_INDEX)
-    if convention != HF_INDEX:
-        raise ValueError(f"draft aux ids are in {convention!r}; pass aux_layer_ids ({HF_INDEX})")
-    return list(draft_config["eagle_aux_hidden_state_layer_ids"])
+    return draft_aux_layer_ids(draft_config, where)
 
 
 @torch.no_grad()
@@ -64,7 +78,83 @@ def target_forward(target, ids: list[int], aux_layer_ids: list[int]):
     return greedy, aux
 
 
-@torch.no_grad()
+class TargetRunner:
+    """The target over a growing sequence: `extend` appends tokens and returns the greedy token
+    after, and the aux features [n, 3H] of, each appended position; `truncate` drops a rejected
+    tail. With `use_cache` only the appended tokens are computed."""
+
+    def __init__(self, target, aux_layer_ids: list[int], use_cache: bool):
+        self.target, self.aux_layer_ids, self.use_cache = target, aux_layer_ids, use_cache
+        self.seq: list[int] = []
+        self.cache = None
+
+    @torch.no_grad()
+    def extend(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.use_cache:
+            greedy, aux = target_forward(self.target, self.seq + tokens, self.aux_layer_ids)
+            self.seq += tokens
+            return greedy[-len(tokens) :], aux[-len(tokens) :]
+        if self.cache is None:
+            from transformers import DynamicCache
+
+            self.cache = DynamicCache()
+        x = torch.tensor([tokens], device=self.target.device)
+        out = self.target(
+            input_ids=x, past_key_values=self.cache, output_hidden_states=True, use_cache=True
+        )
+        self.cache = out.past_key_values
+        self.seq += tokens
+        aux = torch.cat([out.hidden_states[i][0] for i in self.aux_layer_ids], dim=-1)
+        return out.logits[0].argmax(-1), aux  # [n], [n, 3H]
+
+    def truncate(self, length: int) -> None:
+        del self.seq[length:]
+        if self.cache is not None and self.cache.get_seq_length() > length:
+            self.cache.crop(length - self.cache.get_seq_length())  # negative: drop that many
+
+
+class Drafter:
+    """Chain proposals of one draft along one sequence. With `use_cache` the step-0 keys and
+    values of positions already seen are kept, so a round computes step 0 only for the new
+    positions (their input tokens and aux features are final once the target accepted them)."""
+
+    def __init__(self, draft: Eagle3Draft, embed: torch.Tensor, use_cache: bool):
+        self.draft, self.embed, self.use_cache = draft, embed, use_cache
+        self.step0: tuple[torch.Tensor, torch.Tensor] | None = None  # [1, kv, done, D] each
+        self.done = 0  # positions whose step-0 keys are in self.step0
+
+    @torch.no_grad()
+    def propose(self, ids: list[int], aux: torch.Tensor, next_token: int, k: int) -> list[int]:
+        """k drafted target token ids following x_L; `ids` = x_0..x_{L-1}, `aux` [L, 3H]."""
+        draft, device, L = self.draft, aux.device, len(ids)
+        start = self.done if self.use_cache else 0
+        past: KVCache = [self.step0] if start and self.step0 is not None else []
+        inputs = torch.tensor([ids[start + 1 :] + [next_token]], device=device)  # x_{t+1}
+        positions = torch.arange(start, L, device=device)[None]  # [1, L - start]
+        new = L - start
+        seen = torch.ones(new, start, dtype=torch.bool, device=device)
+        # new queries see every earlier step-0 key and, causally, each other
+        mask = torch.cat([seen, ttt_attention_mask(new, 0, device)], dim=-1)
+        fused = draft.fuse(aux[None, start:L])
+        hidden, cache = draft(F.embedding(inputs, self.embed), fused, positions, past, mask)
+        step0 = (torch.cat([kv[0] for kv in cache], 2), torch.cat([kv[1] for kv in cache], 2))
+        if self.use_cache:
+            self.step0, self.done = step0, L
+        cache = [step0]
+        hidden = hidden[:, -1:]  # [1, 1, H]; from here on only the last index drafts
+        tokens: list[int] = []
+        for i in range(1, k + 1):
+            draft_id = draft.compute_logits(hidden)[0, -1].argmax()
+            tokens.append(int(draft.to_target_ids(draft_id)))
+            if i == k:
+                break
+            token = torch.tensor([[tokens[-1]]], device=device)  # [1, 1]
+            position = torch.tensor([[L - 1 + i]], device=device)  # step i sits at t + i
+            # the last index sees every step-0 key and its own keys of steps 1..i: nothing masked
+            hidden, cache = draft(F.embedding(token, self.embed), hidden, position, cache, None)
+        return tokens
+
+
 def propose(
     draft: Eagle3Draft,
     embed: torch.Tensor,  # [V, H]
@@ -73,33 +163,26 @@ def propose(
     next_token: int,  # x_L, the target's greedy token
     k: int,
 ) -> list[int]:
-    """k drafted target token ids following x_L."""
-    L, device = len(ids), aux.device
-    inputs = torch.tensor([ids[1:] + [next_token]], device=device)  # [1, L], x_{t+1} at index t
-    positions = torch.arange(L, device=device)[None]  # [1, L]
-    mask = ttt_attention_mask(L, 0, device)  # [L, L], causal
-    hidden, cache = draft(F.embedding(inputs, embed), draft.fuse(aux[None]), positions, None, mask)
-    hidden = hidden[:, -1:]  # [1, 1, H]; from here on only the last index drafts
-    tokens: list[int] = []
-    for i in range(1, k + 1):
-        draft_id = draft.compute_logits(hidden)[0, -1].argmax()
-        tokens.append(int(draft.to_target_ids(draft_id)))
-        if i == k:
-            break
-        token = torch.tensor([[tokens[-1]]], device=device)  # [1, 1]
-        position = torch.tensor([[L - 1 + i]], device=device)  # step i sits at t + i
-        # the last index sees every step-0 key and its own keys of steps 1..i: nothing masked
-        hidden, cache = draft(F.embedding(token, embed), hidden, position, cache, None)
-    return tokens
+    """k drafted target token ids following x_L (no cache: step 0 over the whole sequence)."""
+    return Drafter(draft, embed, use_cache=False).propose(ids, aux, next_token, k)
 
 
 @torch.no_grad()
-def greedy_generate(target, prompt: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
-    """Plain greedy decoding with the same full-sequence forward, the reference output."""
-    seq = list(prompt)
+def greedy_generate(
+    target, prompt: list[int], max_new_tokens: int, eos: set[int], use_cache: bool = True
+) -> list[int]:
+    """Plain greedy decoding, the reference output."""
+    seq, fed, cache = list(prompt), 0, None
+    if use_cache:
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
     for _ in range(max_new_tokens):
-        x = torch.tensor([seq], device=target.device)
-        token = int(target(input_ids=x, use_cache=False).logits[0, -1].argmax())
+        x = torch.tensor([seq[fed:]], device=target.device)
+        out = target(input_ids=x, past_key_values=cache, use_cache=use_cache)
+        if use_cache:
+            cache, fed = out.past_key_values, len(seq)
+        token = int(out.logits[0, -1].argmax())
         seq.append(token)
         if token in eos:
             break
@@ -116,20 +199,22 @@ def speculative_generate(
     max_new_tokens: int,
     eos: set[int],
     aux_layer_ids: list[int],
+    use_cache: bool = True,
 ) -> tuple[list[int], list[int]]:
     """Greedy chain speculation; returns (new tokens, accepted count n of every round).
 
     n is what the target accepted, also in a last round cut short by eos or max_new_tokens (as
     vLLM counts it), so tau may credit a few tokens past the stop."""
+    runner = TargetRunner(target, aux_layer_ids, use_cache)
+    drafter = Drafter(draft, embed, use_cache)
     seq, new, accepted = list(prompt), [], []
-    greedy, aux = target_forward(target, seq, aux_layer_ids)
+    greedy, aux = runner.extend(seq)
     next_token = int(greedy[-1])
     while len(new) < max_new_tokens:
-        drafts = propose(draft, embed, seq, aux, next_token, k)
-        greedy, aux_all = target_forward(target, seq + [next_token] + drafts, aux_layer_ids)
-        L = len(seq)
-        n = 0  # greedy[L + j]: the target's token after next_token, d_1..d_j
-        while n < k and drafts[n] == int(greedy[L + n]):
+        drafts = drafter.propose(seq, aux, next_token, k)
+        greedy, aux_new = runner.extend([next_token] + drafts)
+        n = 0  # greedy[j]: the target's token after next_token, d_1..d_j
+        while n < k and drafts[n] == int(greedy[n]):
             n += 1
         accepted.append(n)
         emitted = [next_token] + drafts[:n]
@@ -138,8 +223,9 @@ def speculative_generate(
             if token in eos or len(new) >= max_new_tokens:
                 return new, accepted
         seq += emitted
-        aux = aux_all[: len(seq)]  # causal: valid for the accepted prefix
-        next_token = int(greedy[len(seq) - 1])
+        runner.truncate(len(seq))
+        aux = torch.cat([aux, aux_new[: n + 1]])  # causal: valid for the accepted prefix
+        next_token = int(greedy[n])
     return new, accepted
 
 
@@ -153,15 +239,16 @@ def _evaluate(
     eos: set[int],
     aux_layer_ids: list[int],
     progress: Callable[[dict], None] | None,
+    use_cache: bool = True,
 ) -> dict:
     t0 = time.time()
     embed = target.get_input_embeddings().weight
-    draft = draft.to(target.device).eval()
+    draft = draft.to(device=target.device, dtype=embed.dtype).eval()
     rounds: list[int] = []
     new_tokens, mismatched = 0, []
     for p, (prompt, reference) in enumerate(zip(prompts, references, strict=True)):
         out, accepted = speculative_generate(
-            target, draft, embed, prompt, k, max_new_tokens, eos, aux_layer_ids
+            target, draft, embed, prompt, k, max_new_tokens, eos, aux_layer_ids, use_cache
         )
         if out != reference:
             mismatched.append(p)
@@ -200,35 +287,51 @@ def _evaluate(
 
 def evaluate_draft(
     draft_dir: Path,
-    target_model_dir: Path,
+    target: TargetConfig | Path | str,
     prompts: list[list[int]],
     num_speculative_tokens: int = 4,
     max_new_tokens: int = 128,
     eos_token_ids: list[int] | None = None,  # None: the target's generation config
     aux_layer_ids: list[int] | None = None,  # HF hidden_states indices; None: the draft's config
     progress: Callable[[dict], None] | None = None,
-    device: str = "cpu",
-    trust_remote_code: bool = False,
+    device: str | None = None,  # None: the TargetConfig's (auto for a bare folder)
     untrained_seed: int | None = 0,
+    every_k: bool = False,
+    use_cache: bool = True,
 ) -> dict:
-    """tau and per-position acceptance of the draft in `draft_dir` on `prompts` (token ids).
+    """tau and per-position acceptance of the draft in `draft_dir` (any export) on `prompts`
+    (token ids), with k = `num_speculative_tokens`; with `every_k`, also tau for each k = 1..K
+    under `"tau_by_k"` (a run per k: rounds start elsewhere, so a shorter chain is not a prefix
+    of a longer one's statistics).
 
     With `untrained_seed`, the same evaluation of a fresh draft (the same config and vocab,
     weights drawn from the seed) is the baseline under `"untrained"`; the target is loaded,
     and its plain greedy reference decoded, once for both."""
     trained, config = load_draft(Path(draft_dir))
-    target = load_target(Path(target_model_dir), device, trust_remote_code)
-    aux_ids = resolve_aux_ids(config, aux_layer_ids)
-    eos = set(default_eos_ids(target) if eos_token_ids is None else eos_token_ids)
-    references = [greedy_generate(target, prompt, max_new_tokens, eos) for prompt in prompts]
-    settings = (num_speculative_tokens, max_new_tokens, eos, aux_ids)
-    report = _evaluate(trained, target, prompts, references, *settings, progress)
-    report.update(draft="trained", draft_dir=str(draft_dir))
+    model = load_target(target, device)
+    aux_ids = resolve_aux_ids(config, aux_layer_ids, Path(draft_dir) / "config.json")
+    eos = set(default_eos_ids(model) if eos_token_ids is None else eos_token_ids)
+    references = [
+        greedy_generate(model, prompt, max_new_tokens, eos, use_cache) for prompt in prompts
+    ]
+    common = dict(
+        target=model, prompts=prompts, references=references, max_new_tokens=max_new_tokens,
+        eos=eos, aux_layer_ids=aux_ids, use_cache=use_cache,
+    )  # fmt: skip
+    report = _evaluate(trained, k=num_speculative_tokens, progress=progress, **common)
+    report.update(draft="trained", draft_dir=str(draft_dir), device=str(model.device))
+    if every_k:
+        report["tau_by_k"] = {
+            str(k): report["tau"]
+            if k == num_speculative_tokens
+            else _evaluate(trained, k=k, progress=None, **common)["tau"]
+            for k in range(1, num_speculative_tokens + 1)
+        }
     if untrained_seed is not None:
         torch.manual_seed(untrained_seed)
         fresh = Eagle3Draft(config_from_json(config))
         fresh.set_vocab(trained.d2t, trained.t2d)
-        baseline = _evaluate(fresh, target, prompts, references, *settings, None)
+        baseline = _evaluate(fresh, k=num_speculative_tokens, progress=None, **common)
         report["untrained"] = dict(baseline, draft=f"untrained (seed {untrained_seed})")
     return report
 
@@ -266,3 +369,46 @@ def plot_acceptance(report: dict, path: Path) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(str(path), dpi=100)
+
+
+def evaluation_report(
+    settings: EvaluateConfig,
+    target: TargetConfig,
+    draft_dir: Path,
+    prompts: list[list[int]],
+    eos_token_ids: list[int],
+    aux_layer_ids: list[int] | None,
+    folder: Path,
+) -> dict:
+    """The evaluate stage's report, written to `folder/report.json` (with `acceptance.png`):
+    offline tau of the draft (k = 1..K) beside an untrained draft's, and with
+    `settings.serving == "vllm"` the tau vLLM's counters give for the same draft at the same k
+    (server log in `folder`). A gap above `settings.max_serving_gap` raises `ServingGapError`
+    after the report is written."""
+    trained = evaluate_draft(
+        draft_dir, target, prompts, num_speculative_tokens=settings.num_speculative_tokens,
+        max_new_tokens=settings.max_new_tokens, eos_token_ids=eos_token_ids,
+        aux_layer_ids=aux_layer_ids, untrained_seed=0, every_k=True,
+    )  # fmt: skip
+    baseline = trained.pop("untrained")
+    report = {
+        "draft": trained,
+        "untrained": baseline,
+        "prompts": len(prompts),
+        "tau": trained["tau"],
+        "tau_by_k": trained["tau_by_k"],
+        "untrained_tau": baseline["tau"],
+    }
+    served = None
+    if settings.serving == "vllm":
+        served = measure_served(
+            settings, target, draft_dir, prompts, eos_token_ids, folder / "vllm_server.log"
+        )
+        report.update(
+            served=served, served_tau=served["tau"], serving_gap=abs(served["tau"] - trained["tau"])
+        )
+    write_json_atomic(folder / "report.json", report)
+    plot_acceptance(trained, folder / "acceptance.png")
+    if served is not None:
+        check_gap(served, trained["tau"], settings.max_serving_gap, str(folder / "report.json"))
+    return report

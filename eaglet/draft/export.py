@@ -1,0 +1,163 @@
+"""One export of the trained draft per serving engine, each with the layer ids that engine needs.
+
+The train stage writes three folders side by side, each `config.json` + `model.safetensors`:
+
+| folder | for | layer ids | weights |
+|---|---|---|---|
+| `draft/` | vLLM (`--speculative-config` method eagle3) | as trained | `midlayer.*` |
+| `draft-sglang/` | SGLang (`--speculative-algorithm EAGLE3`) | trained ids - 1 | `midlayer.*` |
+| `draft-speculators/` | speculators; vLLM reads it too | as trained | `layers.0.*` |
+
+Why SGLang gets other ids. vLLM's id i is the residual stream entering decoder layer i (HF
+`hidden_states[i]`), which is how eaglet trains. SGLang adds 1 to every configured id before it
+captures: `self.model.layers_to_capture = [val + 1 for val in layer_ids]` in
+`python/sglang/srt/models/qwen3.py` line 791 and `python/sglang/srt/models/llama.py` line 941
+(sglang 0.5.23 from PyPI, `set_eagle3_layers_to_capture`), and layer i captures its own input
+(`capture_output=... if i in self.layers_to_capture`, `llama.py` line 492, handed to the layer's
+`attn_boundary.prepare`). So SGLang's configured id c reads HF `hidden_states[c + 1]`, the
+output of layer c: the draft trained on vLLM ids (a, b, c) must be configured as (a-1, b-1, c-1)
+for SGLang. Each export's `config.json` names the convention its ids are in under
+`eaglet.aux_layer_convention` (the speculators export in the speculators convention, which is
+vLLM's). Folders are written whole through `atomic_folder`, so a crash never leaves a half export.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+
+from eaglet.config import TargetConfig
+from eaglet.draft.checkpoint import (
+    AUX_LAYER_CONVENTION,
+    MIDLAYER_PREFIX,
+    SGLANG_AUX_LAYER_CONVENTION,
+    SPECULATORS_LAYER_PREFIX,
+)
+from eaglet.storage import atomic_folder
+from eaglet.target import load_config
+
+VLLM_FOLDER = "draft"  # written by save_draft; checks outside the repository read this name
+SGLANG_FOLDER = "draft-sglang"
+SPECULATORS_FOLDER = "draft-speculators"
+SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
+
+
+def vllm_to_sglang_ids(ids: list[int]) -> list[int]:
+    """vLLM ids (input of layer i) -> SGLang's configured ids (SGLang adds 1 back)."""
+    if any(i < 1 for i in ids):
+        raise ValueError(
+            f"aux layer ids {ids} include the embeddings (id 0), which SGLang's convention "
+            "cannot name; train on ids >= 1 (hidden_states.aux_layer_ids)"
+        )
+    return [int(i) - 1 for i in ids]
+
+
+def write_sglang_export(draft_dir: Path, out_dir: Path) -> Path:
+    """`out_dir`: the vLLM export's weights with its layer ids in SGLang's convention."""
+    draft_dir, out_dir = Path(draft_dir), Path(out_dir)
+    config = json.loads((draft_dir / "config.json").read_text())
+    _require_vllm_convention(config, draft_dir)
+    ids = vllm_to_sglang_ids(config["eagle_aux_hidden_state_layer_ids"])
+    config["eagle_aux_hidden_state_layer_ids"] = ids
+    config.setdefault("eagle_config", {})["eagle_aux_hidden_state_layer_ids"] = ids
+    config.setdefault("eaglet", {})["aux_layer_convention"] = SGLANG_AUX_LAYER_CONVENTION
+    with atomic_folder(out_dir) as tmp:
+        shutil.copyfile(draft_dir / "model.safetensors", tmp / "model.safetensors")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out_dir
+
+
+def speculators_config_json(
+    config: dict,
+    verifier: str,
+    verifier_architectures: list[str],
+    num_speculative_tokens: int,
+) -> dict:
+    """speculators' `Eagle3SpeculatorConfig` as JSON, from the vLLM export's config."""
+    layer_keys = (
+        "vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
+        "max_position_embeddings", "hidden_act", "attention_bias", "mlp_bias",
+    )  # fmt: skip
+    layer = {key: config[key] for key in layer_keys if key in config}
+    layer.update(model_type="llama", num_hidden_layers=1, tie_word_embeddings=False)
+    return {
+        "architectures": [SPECULATORS_ARCHITECTURE],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": layer,
+        "draft_vocab_size": config["draft_vocab_size"],
+        "target_hidden_size": config["target_hidden_size"],
+        "eagle_aux_hidden_state_layer_ids": list(config["eagle_aux_hidden_state_layer_ids"]),
+        # eaglet's layer keeps the un-normed hidden input as the residual; vLLM defaults a
+        # speculators eagle3 config to True, so say it
+        "norm_before_residual": False,
+        "torch_dtype": config.get("torch_dtype", "float32"),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": int(num_speculative_tokens),
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }
+            ],
+            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures)},
+        },
+    }
+
+
+def write_speculators_export(
+    draft_dir: Path,
+    out_dir: Path,
+    verifier: str,
+    verifier_architectures: list[str],
+    num_speculative_tokens: int,
+) -> Path:
+    """`out_dir`: the draft in speculators' format (`layers.0.*`, `speculators_config`)."""
+    draft_dir, out_dir = Path(draft_dir), Path(out_dir)
+    config = json.loads((draft_dir / "config.json").read_text())
+    _require_vllm_convention(config, draft_dir)
+    spec = speculators_config_json(config, verifier, verifier_architectures, num_speculative_tokens)
+    tensors = {
+        SPECULATORS_LAYER_PREFIX + name[len(MIDLAYER_PREFIX) :]
+        if name.startswith(MIDLAYER_PREFIX)
+        else name: tensor
+        for name, tensor in load_file(str(draft_dir / "model.safetensors")).items()
+    }
+    with atomic_folder(out_dir) as tmp:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(spec, indent=2) + "\n")
+    return out_dir
+
+
+def write_exports(
+    draft_dir: Path, target: TargetConfig, num_speculative_tokens: int
+) -> dict[str, str]:
+    """The SGLang and speculators exports beside the vLLM export `draft_dir` (the speculators
+    config names `target` as its verifier and `num_speculative_tokens` as its default k);
+    returns engine -> folder name, relative to the folder holding `draft_dir`."""
+    draft_dir = Path(draft_dir)
+    architectures = getattr(load_config(target), "architectures", None) or []
+    write_sglang_export(draft_dir, draft_dir.with_name(SGLANG_FOLDER))
+    write_speculators_export(
+        draft_dir,
+        draft_dir.with_name(SPECULATORS_FOLDER),
+        target.model,
+        architectures,
+        num_speculative_tokens,
+    )
+    return {"vllm": draft_dir.name, "sglang": SGLANG_FOLDER, "speculators": SPECULATORS_FOLDER}
+
+
+def _require_vllm_convention(config: dict, draft_dir: Path) -> None:
+    convention = config.get("eaglet", {}).get("aux_layer_convention", AUX_LAYER_CONVENTION)
+    if convention != AUX_LAYER_CONVENTION:
+        raise ValueError(
+            f"{draft_dir / 'config.json'}: eaglet.aux_layer_convention is {convention!r}; "
+            f"exports start from the vLLM export (convention {AUX_LAYER_CONVENTION!r})"
+        )

@@ -1,0 +1,312 @@
+"""Serving-verified acceptance: the draft inside a real vLLM server, measured by its own counters.
+
+Owns starting and stopping a vLLM server for the target with the draft as its `eagle3`
+speculative model (`vllm_server`: its own process group, stopped by signalling the group),
+reading the spec-decode counters of `GET /metrics` (`read_counters`), and `served_acceptance`:
+send the held-out prompts as token ids (greedy, the evaluation's max_new_tokens and end tokens),
+read the counters before and after, and turn the deltas into tau = 1 + accepted / drafts and the
+acceptance per draft position. vLLM's k is a server setting (`num_speculative_tokens` of
+`--speculative-config`); the deltas say which k the server ran (draft tokens / drafts), and a
+server running another k than the offline evaluation is an error, since tau is only comparable
+at the same k. Counters are server-wide: on a shared endpoint, other traffic during the
+measurement is counted too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from eaglet.config import EvaluateConfig, TargetConfig
+from eaglet.errors import PermanentError
+from eaglet.target import load_config
+
+PREFIX = "vllm:spec_decode_"
+DRAFTS = PREFIX + "num_drafts_total"
+DRAFT_TOKENS = PREFIX + "num_draft_tokens_total"
+ACCEPTED = PREFIX + "num_accepted_tokens_total"
+ACCEPTED_PER_POS = PREFIX + "num_accepted_tokens_per_pos_total"
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+_POSITION = re.compile(r'position="(\d+)"')
+
+
+class ServingError(PermanentError, RuntimeError):
+    """The server cannot give a served tau (no speculative decoding, another k, no drafts)."""
+
+
+class ServingGapError(PermanentError, ValueError):
+    """Served tau and offline tau differ by more than `evaluate.max_serving_gap`."""
+
+
+@dataclass
+class SpecDecodeCounters:
+    """vLLM's spec-decode counters, summed over engines; `per_position[j]` = accepted tokens at
+    draft position j (0-based)."""
+
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    per_position: dict[int, float] = field(default_factory=dict)
+
+    def __sub__(self, before: SpecDecodeCounters) -> SpecDecodeCounters:
+        positions = set(self.per_position) | set(before.per_position)
+        return SpecDecodeCounters(
+            self.drafts - before.drafts,
+            self.draft_tokens - before.draft_tokens,
+            self.accepted - before.accepted,
+            {
+                j: self.per_position.get(j, 0.0) - before.per_position.get(j, 0.0)
+                for j in sorted(positions)
+            },
+        )
+
+    @property
+    def tau(self) -> float:
+        return 1.0 + self.accepted / self.drafts if self.drafts else float("nan")
+
+
+def parse_counters(metrics_text: str) -> SpecDecodeCounters | None:
+    """The spec-decode counters from Prometheus text; None when the server has none (it runs
+    without speculative decoding)."""
+    counters, seen = SpecDecodeCounters(), False
+    for line in metrics_text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None or not match["name"].startswith(PREFIX):
+            continue
+        name, value = match["name"], float(match["value"])
+        seen = True
+        if name == DRAFTS:
+            counters.drafts += value
+        elif name == DRAFT_TOKENS:
+            counters.draft_tokens += value
+        elif name == ACCEPTED:
+            counters.accepted += value
+        elif name == ACCEPTED_PER_POS:
+            position = _POSITION.search(match["labels"] or "")
+            if position is not None:
+                j = int(position.group(1))
+                counters.per_position[j] = counters.per_position.get(j, 0.0) + value
+    return counters if seen else None
+
+
+def read_counters(client: httpx.Client, base_url: str) -> SpecDecodeCounters:
+    response = client.get(f"{base_url}/metrics", timeout=30)
+    response.raise_for_status()
+    counters = parse_counters(response.text)
+    if counters is None:
+        raise ServingError(
+            f"{base_url}/metrics has no vllm:spec_decode_* counters: the server runs without "
+            "speculative decoding; start it with --speculative-config "
+            '\'{"method": "eagle3", "model": DRAFT_DIR, "num_speculative_tokens": K}\''
+        )
+    return counters
+
+
+def served_model_name(client: httpx.Client, base_url: str) -> str:
+    response = client.get(f"{base_url}/v1/models", timeout=30)
+    response.raise_for_status()
+    return response.json()["data"][0]["id"]
+
+
+def served_acceptance(
+    base_url: str,
+    prompts: list[list[int]],
+    num_speculative_tokens: int,
+    max_new_tokens: int,
+    stop_token_ids: list[int],
+    concurrency: int = 4,
+    request_timeout_s: float = 600.0,
+) -> dict:
+    """Send `prompts` (token ids, greedy) and measure tau from the counters' deltas."""
+    base_url = base_url.rstrip("/")
+    t0 = time.time()
+    with httpx.Client() as client:
+        model = served_model_name(client, base_url)
+        before = read_counters(client, base_url)
+
+        def complete(prompt: list[int]) -> int:
+            body = {
+                "model": model, "prompt": prompt, "max_tokens": max_new_tokens,
+                "temperature": 0.0, "stop_token_ids": stop_token_ids,
+            }  # fmt: skip
+            response = client.post(
+                f"{base_url}/v1/completions", json=body, timeout=request_timeout_s
+            )
+            response.raise_for_status()
+            return int(response.json()["usage"]["completion_tokens"])
+
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            new_tokens = sum(pool.map(complete, prompts))
+        delta = read_counters(client, base_url) - before
+    if delta.drafts <= 0:
+        raise ServingError(
+            f"{base_url}: {len(prompts)} prompts gave no drafts in vLLM's counters; is the "
+            "draft loaded as the speculative model?"
+        )
+    served_k = delta.draft_tokens / delta.drafts
+    if round(served_k) != num_speculative_tokens:
+        raise ServingError(
+            f"{base_url} drafts {served_k:.2f} tokens per round, the offline evaluation "
+            f"{num_speculative_tokens}: set evaluate.num_speculative_tokens to the server's "
+            "num_speculative_tokens (or restart the server with it) so tau compares at the same k"
+        )
+    return {
+        "tau": delta.tau,
+        "num_speculative_tokens": num_speculative_tokens,
+        "num_prompts": len(prompts),
+        "num_drafts": int(delta.drafts),
+        "draft_tokens": int(delta.draft_tokens),
+        "accepted_tokens": int(delta.accepted),
+        "new_tokens": new_tokens,
+        "acceptance_rate": delta.accepted / delta.draft_tokens if delta.draft_tokens else 0.0,
+        # accepted at draft position j (1-based) over all drafts, as the offline report says it
+        "per_position_acceptance": [
+            delta.per_position.get(j, 0.0) / delta.drafts for j in range(num_speculative_tokens)
+        ],
+        "seconds": time.time() - t0,
+    }
+
+
+# --------------------------------------------------------------------------- the server
+
+
+def speculative_config(draft_dir: Path, num_speculative_tokens: int) -> dict:
+    return {
+        "method": "eagle3",
+        "model": str(Path(draft_dir).resolve()),
+        "num_speculative_tokens": int(num_speculative_tokens),
+    }
+
+
+def vllm_command(
+    python: str,
+    target: TargetConfig,
+    draft_dir: Path,
+    num_speculative_tokens: int,
+    port: int,
+    max_model_len: int | None,
+    extra_args: list[str],
+) -> list[str]:
+    command = [
+        python, "-m", "vllm.entrypoints.openai.api_server", "--model", target.model,
+        "--served-model-name", "eaglet-target", "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", target.dtype,
+        "--speculative-config", json.dumps(speculative_config(draft_dir, num_speculative_tokens)),
+    ]  # fmt: skip
+    if max_model_len is not None:
+        command += ["--max-model-len", str(max_model_len)]
+    if target.revision:
+        command += ["--revision", target.revision]
+    if target.trust_remote_code:
+        command += ["--trust-remote-code"]
+    return command + list(extra_args)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop_process_group(process: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM the group of a process started with `start_new_session=True`, SIGKILL it after
+    `grace_s` if anything is left."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@contextmanager
+def vllm_server(command: list[str], log_path: Path, startup_timeout_s: float) -> Iterator[str]:
+    """Run `command` (a vLLM OpenAI server on 127.0.0.1, its `--port` in it) in its own process
+    group, wait for `/health`, yield the base URL, and stop the whole group afterwards."""
+    port = command[command.index("--port") + 1]
+    base_url = f"http://127.0.0.1:{port}"
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; read by the CPU backend only
+    log_path = Path(log_path)
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        try:
+            deadline = time.time() + startup_timeout_s
+            while True:
+                if process.poll() is not None:
+                    raise ServingError(
+                        f"vLLM exited with {process.returncode} while starting; see {log_path}"
+                    )
+                try:
+                    if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.time() > deadline:
+                    raise ServingError(
+                        f"vLLM not healthy after {startup_timeout_s:.0f} s "
+                        f"(evaluate.serving_startup_timeout_s); see {log_path}"
+                    )
+                time.sleep(1)
+            yield base_url
+        finally:
+            stop_process_group(process)
+
+
+def check_gap(served: dict, offline_tau: float, max_gap: float, where: str) -> float:
+    """|served tau - offline tau| at the same k; above `max_gap` a `ServingGapError` with both."""
+    gap = abs(served["tau"] - offline_tau)
+    if gap > max_gap:
+        raise ServingGapError(
+            f"served tau {served['tau']:.3f} (vLLM's counters: {served['num_drafts']} drafts, "
+            f"{served['accepted_tokens']} accepted, k={served['num_speculative_tokens']}) vs "
+            f"offline tau {offline_tau:.3f} at the same k: gap {gap:.3f} > "
+            f"evaluate.max_serving_gap {max_gap}. The draft serves differently from how it was "
+            f"evaluated (layer ids read in another convention, another target or draft on the "
+            f"server, a dtype change); both reports are in {where}"
+        )
+    return gap
+
+
+def measure_served(
+    settings: EvaluateConfig,
+    target: TargetConfig,
+    draft_dir: Path,
+    prompts: list[list[int]],
+    stop_token_ids: list[int],
+    log_path: Path,
+) -> dict:
+    """Served tau of the draft in `draft_dir` (the vLLM export) on `prompts`: at
+    `settings.serving_endpoint`, or in a server started here with `settings.vllm_python` and
+    stopped before this returns (its log at `log_path`)."""
+    k = settings.num_speculative_tokens
+    measure = dict(
+        prompts=prompts, num_speculative_tokens=k, max_new_tokens=settings.max_new_tokens,
+        stop_token_ids=stop_token_ids,
+    )  # fmt: skip
+    if settings.serving_endpoint:
+        return dict(served_acceptance(settings.serving_endpoint, **measure), server="endpoint")
+    longest = max(len(p) for p in prompts) + settings.max_new_tokens + k + 16
+    limit = getattr(load_config(target), "max_position_embeddings", None)
+    max_model_len = min(longest, limit) if limit else longest
+    command = vllm_command(
+        settings.vllm_python, target, draft_dir, k, free_port(), max_model_len, settings.vllm_args
+    )
+    with vllm_server(command, log_path, settings.serving_startup_timeout_s) as base_url:
+        served = served_acceptance(base_url, **measure)
+    return dict(served, server="started by eaglet", command=command)

@@ -1,0 +1,77 @@
+"""Offline evaluation: the KV-cache path gives exactly what the full-recompute path gives, tau is
+reported for every k, and a trained draft is evaluated from its folder alone, in every export.
+
+Uses the trained draft of tests/test_train_eval.py (a tiny target whose greedy continuation a
+draft learns in seconds, trained with the convention label the pipeline writes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from eaglet.config import TargetConfig
+from eaglet.draft.checkpoint import load_draft
+from eaglet.draft.evaluate import evaluate_draft, greedy_generate, load_target, speculative_generate
+from eaglet.draft.export import SGLANG_FOLDER, SPECULATORS_FOLDER, write_exports
+from tests import test_train_eval
+from tests.test_train_eval import AUX_IDS, random_prompts
+
+# the trained draft and its target, built once for this module by test_train_eval's fixtures
+one_thread, world = test_train_eval.one_thread, test_train_eval.world
+trained = test_train_eval.trained
+
+
+def test_kv_cache_path_equals_full_recompute(trained, world):
+    draft, _ = load_draft(world / "run" / "draft")
+    target = load_target(world / "target", device="cpu")
+    embed = target.get_input_embeddings().weight
+    rounds_seen = []
+    for prompt in random_prompts(4, seed=5):
+        plain = greedy_generate(target, prompt, 40, set(), use_cache=False)
+        assert greedy_generate(target, prompt, 40, set(), use_cache=True) == plain
+        for k in (1, 3, 5):
+            args = (target, draft, embed, prompt, k, 40, set(), AUX_IDS)
+            cached = speculative_generate(*args, use_cache=True)
+            full = speculative_generate(*args, use_cache=False)
+            assert cached == full, (prompt, k)
+            assert cached[0] == plain
+            rounds_seen += cached[1]
+    # both accepted and rejected drafts happened, so cache roll-back was exercised
+    assert max(rounds_seen) >= 3 and min(rounds_seen) < 3
+
+
+def test_pipeline_draft_evaluates_from_its_folder_alone_in_every_export(trained, world):
+    """No layer ids passed: they come from each export's config and its convention label."""
+    draft_dir = world / "run" / "draft"
+    write_exports(draft_dir, TargetConfig(model=str(world / "target")), num_speculative_tokens=4)
+    prompts = random_prompts(3, seed=99)  # the prompts test_train_eval evaluates on
+    reports = {
+        name: evaluate_draft(
+            world / "run" / name,
+            world / "target",
+            prompts,
+            num_speculative_tokens=3,
+            max_new_tokens=24,
+            untrained_seed=None,
+            device="cpu",
+            every_k=True,
+        )
+        for name in ("draft", SGLANG_FOLDER, SPECULATORS_FOLDER)
+    }
+    vllm = reports["draft"]
+    assert vllm["aux_layer_ids"] == AUX_IDS and vllm["outputs_match_greedy"]
+    assert vllm["tau"] > 2.5
+    assert set(vllm["tau_by_k"]) == {"1", "2", "3"} and vllm["tau_by_k"]["3"] == vllm["tau"]
+    assert 1.0 <= vllm["tau_by_k"]["1"] <= 2.0 < vllm["tau_by_k"]["2"] < vllm["tau"]
+    for name, report in reports.items():
+        for key in ("tau", "tau_by_k", "aux_layer_ids", "accepted_tokens", "num_rounds"):
+            assert report[key] == vllm[key], (name, key)
+
+
+def test_cached_and_uncached_reports_match(trained, world):
+    args = (world / "run" / "draft", world / "target", random_prompts(2, seed=3))
+    kwargs = dict(num_speculative_tokens=4, max_new_tokens=24, device="cpu")
+    cached = evaluate_draft(*args, **kwargs, use_cache=True)
+    full = evaluate_draft(*args, **kwargs, use_cache=False)
+    for key in ("tau", "num_rounds", "accepted_tokens", "per_position_acceptance"):
+        assert cached[key] == pytest.approx(full[key], abs=0), key
+        assert cached["untrained"][key] == pytest.approx(full["untrained"][key], abs=0), key
