@@ -47,7 +47,11 @@ def _start_temporary_prefect_server() -> None:
     the main thread (PR_SET_PDEATHSIG follows the thread that forked), so that it dies with
     this process. Prefect reuses it: the temporary server is one shared instance."""
     from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import PREFECT_API_URL, get_current_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        get_current_settings,
+    )
 
     if PREFECT_API_URL.value():
         return
@@ -87,7 +91,9 @@ def _start_temporary_prefect_server() -> None:
             )
 
     if threading.current_thread() is threading.main_thread():
-        DiesWithParent().start()  # registers its own stop at exit
+        # Prefect's 20 s default is short for a busy machine (its import alone can take that).
+        timeout = max(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value(), 120)
+        DiesWithParent().start(timeout=timeout)  # registers its own stop at exit
 
 
 def _run_pipeline(
