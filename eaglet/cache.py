@@ -69,26 +69,46 @@ def _with_parents(name: str) -> list[str]:
     return [".".join(parts[: i + 1]) for i in range(len(parts))]
 
 
+# Statement lists an import can sit in: module, function and class bodies, if/for/while/with,
+# try (its handlers, else and finally) and match cases.
+_BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def _import_statements(statements: list[ast.stmt]):
+    for node in statements:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        for block in _BLOCKS:
+            yield from _import_statements(getattr(node, block, None) or [])
+
+
+@cache
+def _imports_in(path: Path, module: str, root: Path, stamp: tuple[int, int]) -> frozenset[str]:
+    """`project_imports` of one file version (`stamp`: its mtime and size): each file is parsed
+    once per process until it changes."""
+    found: set[str] = set()
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    for node in _import_statements(tree.body):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            base = _absolute(module, node, path.name == "__init__.py")
+            # `from pkg import name`: name is a submodule or an attribute of pkg
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        for name in names:
+            found.update(m for m in _with_parents(name) if module_file(m, root) is not None)
+    found.discard(module)
+    return frozenset(found)
+
+
 def project_imports(module: str, root: Path = ROOT) -> set[str]:
     """Project modules `module` imports anywhere in its source (function bodies included),
     with the packages whose `__init__` those imports run."""
     path = module_file(module, root)
     if path is None:
         return set()
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = _absolute(module, node, path.name == "__init__.py")
-            # `from pkg import name`: name is a submodule or an attribute of pkg
-            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
-        else:
-            continue
-        for name in names:
-            found.update(m for m in _with_parents(name) if module_file(m, root) is not None)
-    found.discard(module)
-    return found
+    stat = path.stat()
+    return set(_imports_in(path, module, root, (stat.st_mtime_ns, stat.st_size)))
 
 
 def import_closure(roots: tuple[str, ...], root: Path = ROOT) -> tuple[str, ...]:
