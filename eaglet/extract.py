@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eaglet.config import ReasoningConfig
 from eaglet.errors import PermanentError
 from eaglet.reasoning import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ReasoningFormat, ReasoningSplit
 from eaglet.records.examples import Example
@@ -261,6 +262,8 @@ class _SourceTally:
     server_reasoning_in_field: int = 0
     server_thinking_in_content: int = 0
     template_mismatches: int = 0
+    prompt_mismatches: int = 0
+    thinking_in_answer: int = 0
     reasoning_tokens: int = 0
     output_tokens: int = 0
 
@@ -284,14 +287,18 @@ class QualityTally:
             example.flags
         )
         tally.truncated += example.finish_reason == "length"
-        # The seeds' signature: no reasoning split out, yet thinking text sits in the answer.
         tally.leaked += "thinking_in_content" in example.flags
+        # The seeds' signature: no reasoning split out, yet thinking text sits in the answer.
+        tally.thinking_in_answer += "thinking_in_content" in example.flags and not (
+            example.reasoning
+        )
         tally.server_disagrees += "server_reasoning_disagrees" in example.flags
         if server is not None:
             tally.server_checked += 1
             tally.server_reasoning_in_field += server.reasoning_field is not None
             tally.server_thinking_in_content += server.thinking_in_content
         tally.template_mismatches += "template_mismatch" in example.flags
+        tally.prompt_mismatches += "prompt_template_mismatch" in example.flags
         tally.reasoning_tokens += reasoning_tokens
         tally.output_tokens += sum(example.loss_mask)
         self.lengths[example.source].append(len(example.input_ids))
@@ -316,6 +323,10 @@ class QualityTally:
                 "server_reasoning_in_field": tally.server_reasoning_in_field,
                 "server_thinking_in_content": tally.server_thinking_in_content,
                 "template_mismatches": tally.template_mismatches,
+                # Of those, the ones whose prompt ids are not the configured rendering.
+                "prompt_template_mismatches": tally.prompt_mismatches,
+                # No reasoning split out, think tags in the answer: the seeds' signature.
+                "thinking_in_answer": tally.thinking_in_answer,
                 "truncation_rate": tally.truncated / tally.records,
                 "reasoning_token_share": tally.reasoning_tokens / max(1, tally.output_tokens),
                 "sequence_tokens": _percentiles(self.lengths[source]),
@@ -335,25 +346,50 @@ class QualityTally:
         }
 
 
-def check_quality_gate(
-    report: dict[str, Any], reasons: bool, min_capture_rate: float, max_truncation_rate: float
-) -> None:
-    """Raise when the data crosses a threshold, naming the source and example sample ids."""
+def check_quality_gate(report: dict[str, Any], reasons: bool, reasoning: ReasoningConfig) -> None:
+    """Raise when the data crosses a threshold of `reasoning` (ReasoningConfig), naming the
+    source, the setting and example sample ids. Four branches, each per source: reasoning
+    captured (formats that reason), truncated, thinking in the answer without reasoning split
+    out (the seeds' signature), and prompts the configured template does not render."""
     problems = []
     examples = report["example_ids_by_flag"]
     for source, figures in report["per_source"].items():
+        records = max(1, figures["records"])
         capture = figures["reasoning_capture_rate"]
-        if reasons and capture is not None and capture < min_capture_rate:
+        if reasons and capture is not None and capture < reasoning.min_capture_rate:
             problems.append(
-                f"source {source!r}: reasoning captured in {figures['reasoning_capture_rate']:.1%}"
-                f" of records (< {min_capture_rate:.0%}); e.g. samples "
+                f"source {source!r}: reasoning captured in {capture:.1%} of records "
+                f"(< reasoning.min_capture_rate={reasoning.min_capture_rate:.0%}); e.g. samples "
                 f"{examples.get('empty_reasoning', []) + examples.get('reasoning_not_closed', [])}"
+                ": check reasoning.format and tokenize.chat_template_kwargs (e.g. "
+                "enable_thinking)"
             )
-        if figures["truncation_rate"] > max_truncation_rate:
+        if figures["truncation_rate"] > reasoning.max_truncation_rate:
             problems.append(
                 f"source {source!r}: {figures['truncation_rate']:.1%} of records hit max_tokens "
-                f"(> {max_truncation_rate:.0%}); e.g. samples {examples.get('truncated', [])}. "
-                "Raise generation.max_tokens or reasoning.max_truncation_rate."
+                f"(> reasoning.max_truncation_rate={reasoning.max_truncation_rate:.0%}); e.g. "
+                f"samples {examples.get('truncated', [])}. Raise generation.max_tokens or "
+                "reasoning.max_truncation_rate."
+            )
+        leaked = figures.get("thinking_in_answer", 0) / records
+        if leaked > reasoning.max_thinking_in_answer_rate:
+            problems.append(
+                f"source {source!r}: {leaked:.1%} of records have no reasoning split out but "
+                "think tags in the answer (> reasoning.max_thinking_in_answer_rate="
+                f"{reasoning.max_thinking_in_answer_rate:.0%}): the draft would learn thinking "
+                f"as the answer; e.g. samples {examples.get('thinking_in_content', [])}. Set "
+                "reasoning.format to the target's format (auto detects it from the template) "
+                "and check tokenize.chat_template_kwargs."
+            )
+        mismatched = figures.get("prompt_template_mismatches", 0) / records
+        if mismatched > reasoning.max_prompt_mismatch_rate:
+            problems.append(
+                f"source {source!r}: {mismatched:.1%} of records were generated from other "
+                "prompt ids than the configured chat template renders (> "
+                f"reasoning.max_prompt_mismatch_rate={reasoning.max_prompt_mismatch_rate:.0%}); "
+                f"e.g. samples {examples.get('prompt_template_mismatch', [])} (see "
+                "template_mismatches.jsonl): give the server the target's template and "
+                "tokenize.chat_template_kwargs, or use the vllm engine"
             )
     if problems:
         raise QualityGateError("quality gate failed:\n  " + "\n  ".join(problems))
@@ -417,7 +453,10 @@ def write_examples(
             prompt = prompt_by_id[example.sample_id]
             mismatch = template_mismatch(example, prompt, tokenizer, chat_template_kwargs)
             if mismatch is not None:
-                example.flags = sorted({*example.flags, "template_mismatch"})
+                flags = {"template_mismatch"}
+                if mismatch["in_prompt"]:
+                    flags.add("prompt_template_mismatch")
+                example.flags = sorted({*example.flags, *flags})
                 mismatches.write(json.dumps({"sample_id": example.sample_id, **mismatch}) + "\n")
             out.write(record_line(example))
             quality.add(example, len(split.ids("reasoning")), server)

@@ -82,12 +82,7 @@ def extract(
             percent(report["reasoning_capture_rate"]),
             100 * report["truncation_rate"],
         )
-        check_quality_gate(
-            report,
-            reasoning_format.reasons,
-            config.reasoning.min_capture_rate,
-            config.reasoning.max_truncation_rate,
-        )
+        check_quality_gate(report, reasoning_format.reasons, config.reasoning)
         return StageOutput(
             counts={"records": report["records"]},
             info={

@@ -10,12 +10,14 @@ import json
 
 import torch
 
-from eaglet.config import TargetConfig
+from eaglet.config import ReasoningConfig, TargetConfig
 from eaglet.draft.train import shift_left
 from eaglet.extract import (
     _SPAN_STYLE,
     SERVER_TEXT_SHOWN,
+    QualityGateError,
     build_example,
+    check_quality_gate,
     server_disagreement_line,
     server_texts,
     template_mismatch,
@@ -239,3 +241,91 @@ def test_a_cut_off_tool_call_is_reported_as_a_template_mismatch_not_a_crash(fixt
     mismatch = template_mismatch(example, prompt, tokenizer, {})
     assert mismatch is not None and not mismatch["in_prompt"]
     assert mismatch["generated"].lstrip().startswith("<tool_call>")
+
+
+# --- the quality gate: one test per branch ---------------------------------------------------
+
+
+def _gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids) -> dict:
+    write_jsonl(tmp_path / "generations.jsonl", generations)
+    write_jsonl(
+        tmp_path / "prompts.jsonl",
+        [prompt.model_copy(update={"sample_id": g.sample_id}) for g in generations],
+    )
+    return write_examples(
+        tmp_path / "generations.jsonl",
+        [tmp_path / "prompts.jsonl"],
+        tmp_path,
+        tokenizer,
+        reasoning_format,
+        end_ids,
+        {},
+    )
+
+
+def _gate_error(report: dict, reasons: bool, **thresholds) -> str | None:
+    try:
+        check_quality_gate(report, reasons, ReasoningConfig(**thresholds))
+    except QualityGateError as exc:
+        return str(exc)
+    return None
+
+
+def _variants(prompt, tokenizer, n: int, **changes) -> list[Generation]:
+    return [
+        _generation(prompt, tokenizer, {}, sample_id=f"g{i}").model_copy(update=changes)
+        for i in range(n)
+    ]
+
+
+def test_quality_gate_passes_good_data(tmp_path):
+    tokenizer, reasoning_format, prompt, end_ids = _setup()
+    generations = _variants(prompt, tokenizer, 4)
+    report = _gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
+    assert _gate_error(report, reasoning_format.reasons) is None
+
+
+def test_quality_gate_fails_on_low_capture(tmp_path):
+    tokenizer, reasoning_format, prompt, end_ids = _setup()
+    unclosed = tokenizer.encode("Still thinking, never closed.<|im_end|>", add_special_tokens=False)
+    generations = _variants(prompt, tokenizer, 3) + _variants(
+        prompt, tokenizer, 1, output_ids=unclosed, sample_id="open"
+    )
+    report = _gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
+    assert report["reasoning_capture_rate"] == 0.75
+    error = _gate_error(report, True)  # default min_capture_rate 0.8
+    assert error and "reasoning.min_capture_rate=80%" in error and "'open'" in error
+    assert _gate_error(report, True, min_capture_rate=0.7) is None
+
+
+def test_quality_gate_fails_on_truncation(tmp_path):
+    tokenizer, reasoning_format, prompt, end_ids = _setup()
+    generations = _variants(prompt, tokenizer, 2, finish_reason="length")
+    report = _gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
+    error = _gate_error(report, True)
+    assert error and "reasoning.max_truncation_rate=20%" in error
+
+
+def test_quality_gate_fails_on_the_seeds_signature(tmp_path):
+    """The target thinks, but extraction was told it does not (reasoning.format=none, as a
+    wrong kwarg or format would make it): every answer holds the thinking and its tag."""
+    tokenizer, _, prompt, end_ids = _setup()
+    no_reasoning = detect_format(tokenizer, "none")
+    generations = _variants(prompt, tokenizer, 4)
+    report = _gate_report(tmp_path, generations, prompt, no_reasoning, tokenizer, end_ids)
+    assert report["per_source"]["chat"]["thinking_in_answer"] == 4
+    error = _gate_error(report, no_reasoning.reasons)
+    assert error and "reasoning.max_thinking_in_answer_rate=5%" in error
+    assert "think tags in the answer" in error
+
+
+def test_quality_gate_fails_on_prompts_the_template_does_not_render(tmp_path):
+    """The server rendered another prompt than the configured template (SpecForge #296)."""
+    tokenizer, reasoning_format, prompt, end_ids = _setup()
+    other = prompt.prompt_ids[:-2] + tokenizer.encode("\n\n", add_special_tokens=False)
+    generations = _variants(prompt, tokenizer, 4, prompt_ids=other)
+    report = _gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
+    assert report["per_source"]["chat"]["prompt_template_mismatches"] == 4
+    error = _gate_error(report, True)
+    assert error and "reasoning.max_prompt_mismatch_rate=5%" in error
+    assert _gate_error(report, True, max_prompt_mismatch_rate=1.0) is None
