@@ -1,4 +1,6 @@
-"""The train stage as a Prefect task: feature shards → an EAGLE-3 draft that vLLM/SGLang load.
+"""The train stage as a Prefect task: feature shards (or, online, examples the target turns into
+features as training goes) → an EAGLE-3 draft that vLLM/SGLang load. With
+train.nproc_per_node > 1 the trainer runs under torchrun and its output is streamed here.
 
 Training state lives in the stage's partial folder, so a retry or a rerun after a crash
 resumes from the last checkpoint with the same draft vocabulary.
@@ -6,8 +8,7 @@ resumes from the last checkpoint with the same draft vocabulary.
 
 from __future__ import annotations
 
-import json
-import time
+from datetime import timedelta
 from pathlib import Path
 
 from prefect import get_run_logger
@@ -18,73 +19,70 @@ from prefect.artifacts import (
 )
 
 from eaglet.config import PipelineConfig
-from eaglet.draft.train import TrainSettings, train_draft
-from eaglet.split import is_heldout
-from eaglet.storage import StageOutput
+from eaglet.draft.export import write_exports
+from eaglet.draft.launch import feature_disk, pipeline_job, run_training
+from eaglet.progress import Throttle
+from eaglet.storage import StageOutput, stage_dir
 from tasks.caching import run_stage_task, stage_task
 
 
-def _heldout_ids(features_dir: Path, fraction: float) -> set[str]:
-    with open(features_dir / "index.jsonl", encoding="utf-8") as handle:
-        ids = [json.loads(line)["sample_id"] for line in handle if line.strip()]
-    return {i for i in ids if is_heldout(i, fraction)}
-
-
 @stage_task("train", retries=1)  # resumes from the last checkpoint
-def train(config: PipelineConfig, features: dict, refresh: bool = False) -> dict:
+def train(
+    config: PipelineConfig,
+    features: dict | None = None,
+    examples: dict | None = None,
+    refresh: bool = False,
+) -> dict:
+    """Offline (train.hidden_states: offline) from the hidden_states stage's `features`;
+    online from the extract stage's `examples`, the target computing features as it trains."""
     logger = get_run_logger()
-    features_dir = Path(features["path"])
-    progress_id = create_progress_artifact(progress=0.0, description="train: steps done")
-    last = [0.0]
+    online = config.train.hidden_states == "online"
+    if online and examples is None or not online and features is None:
+        raise ValueError(
+            f"train.hidden_states={config.train.hidden_states} needs the "
+            f"{'examples' if online else 'features'} stage output"
+        )
+    features_dir = None if online else stage_dir(config.work_dir, features)
+    examples_path = stage_dir(config.work_dir, examples) / "examples.jsonl" if online else None
+    progress_id = create_progress_artifact(progress=0.0, description="train: starting")
+    throttle = Throttle()
 
     def progress(update: dict) -> None:
-        if time.time() - last[0] < 5 and update["step"] != update["total_steps"]:
+        if not throttle.ready(force=update["step"] == update["stop_at"]):
             return
-        last[0] = time.time()
-        logger.info(
-            "train step %d/%d loss %.4f acc %s %.0f tok/s",
-            update["step"],
-            update["total_steps"],
-            update["loss"],
-            [round(a, 3) for a in update.get("acc", [])],
-            update.get("tokens_per_s", 0),
+        eta = timedelta(seconds=round(update["eta_s"]))
+        line = (
+            f"train step {update['step']}/{update['stop_at']}, loss {update['loss']:.4f}, "
+            f"{update['tokens_per_s']:.0f} tokens/s, ETA {eta}"
         )
+        logger.info("%s, acc %s", line, [round(a, 3) for a in update["acc"]])
         update_progress_artifact(
-            progress_id, progress=100.0 * update["step"] / update["total_steps"]
+            progress_id, progress=100.0 * update["step"] / update["stop_at"], description=line
         )
 
     def body(folder: Path) -> StageOutput:
-        settings = config.train
-        summary = train_draft(
-            hidden_states_dir=features_dir,
-            target_model_dir=Path(config.target.model),
-            out_dir=folder,
-            settings=TrainSettings(
-                epochs=settings.epochs,
-                lr=settings.lr,
-                batch_size=settings.batch_size,
-                ttt_length=settings.ttt_length,
-                draft_vocab_size=settings.draft_vocab_size,
-                max_seq_len=settings.max_seq_len,
-                seed=settings.seed,
-            ),
-            aux_layer_ids=features["info"]["aux_layer_ids"],
-            aux_layer_convention=features["info"]["aux_layer_convention"],
-            exclude_sample_ids=_heldout_ids(features_dir, settings.holdout_fraction),
-            progress=progress,
-            resume=True,
+        job = pipeline_job(
+            config,
+            folder,
+            features_dir=features_dir,
+            features_info=None if online else features["info"],
+            examples_path=examples_path,
         )
-        create_markdown_artifact(
-            "# Draft training\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in summary.items()),
-            key="draft-training",
-        )
+        summary = run_training(job, config.train.nproc_per_node, progress, logger.info)
+        summary["exports"] = write_exports(folder / "draft", config.target, config.train.ttt_length)
         info = {
             **summary,
-            "aux_layer_ids": features["info"]["aux_layer_ids"],
-            "aux_layer_convention": features["info"]["aux_layer_convention"],
+            **feature_disk(config, features_dir, examples_path),
+            "aux_layer_ids": job["aux_layer_ids"],
+            "aux_layer_convention": job["aux_layer_convention"],
         }
+        create_markdown_artifact(
+            "# Draft training\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in info.items()),
+            key="draft-training",
+        )
         return StageOutput(counts={"records": int(summary.get("train_samples", 0))}, info=info)
 
+    upstream = {"examples": examples} if online else {"features": features}
     return run_stage_task(
-        "train", config, {"features": features}, body, resume_partial=True, refresh=refresh
+        "train", config, upstream, body, resume_partial=True, refresh=refresh
     ).model_dump()

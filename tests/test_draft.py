@@ -13,7 +13,7 @@ from eaglet.draft.checkpoint import (
     save_training_state,
 )
 from eaglet.draft.model import Eagle3Config, Eagle3Draft, ttt_attention_mask
-from eaglet.draft.train import target_labels, ttt_loss, ttt_unroll
+from eaglet.draft.train import target_in_vocab, target_probs, ttt_loss, ttt_unroll
 from eaglet.draft.vocab import DraftVocab, build_draft_vocab, count_tokens
 
 H, V, VD = 32, 50, 20
@@ -283,7 +283,41 @@ def test_target_labels_restrict_to_draft_vocab():
     final, lm_head = torch.randn(2, 3, H), torch.randn(V, H)
     vocab_ids = torch.tensor([1, 4, 9, 30])
     t2d = torch.isin(torch.arange(V), vocab_ids)
-    probs, in_vocab = target_labels(final, lm_head, vocab_ids, t2d, chunk=4)
+    probs = target_probs(final, lm_head[vocab_ids])
+    in_vocab = target_in_vocab(final, lm_head, t2d, chunk=4)
     logits = final @ lm_head.T
     torch.testing.assert_close(probs, logits[..., vocab_ids].softmax(-1))
     assert torch.equal(in_vocab, t2d[logits.argmax(-1)])
+
+
+def test_global_denominators_split_a_batch_without_changing_its_gradient():
+    """Two halves of a batch, each normalized by the whole batch's counts, give the whole
+    batch's loss and gradient: what micro-batches and data-parallel shares rely on."""
+    torch.manual_seed(5)
+    B, T, vd = 4, 9, 6
+    loss_mask = torch.rand(B, T) > 0.3
+    in_vocab = torch.rand(B, T) > 0.2
+    lengths = torch.tensor([9, 7, 8, 5])
+    probs = torch.randn(B, T, vd).softmax(-1)
+    logits = [torch.randn(B, T, vd, requires_grad=True) for _ in range(3)]
+    whole, stats = ttt_loss(logits, probs, in_vocab, loss_mask, lengths, 0.8)
+    whole.backward()
+    expected = [g.grad.clone() for g in logits]
+    for g in logits:
+        g.grad = None
+    halves = 0.0
+    for rows in (slice(0, 2), slice(2, 4)):
+        part, _ = ttt_loss(
+            [g[rows] for g in logits],
+            probs[rows],
+            in_vocab[rows],
+            loss_mask[rows],
+            lengths[rows],
+            0.8,
+            denominators=stats["count"],
+        )
+        part.backward()
+        halves += part.item()
+    assert halves == pytest.approx(whole.item(), rel=1e-5)
+    for g, e in zip(logits, expected, strict=True):
+        torch.testing.assert_close(g.grad, e)

@@ -3,17 +3,18 @@
 The target is a random `Qwen3ForCausalLM` whose embeddings dominate its residual stream and whose
 lm_head maps token v's embedding to the row of perm[v]: its greedy continuation follows a fixed
 permutation (with the random layers as small context noise), so a draft can learn it in seconds.
-The training data are the target's own greedy answers to random prompts, written in the
-hidden-states shard format, exactly as the pipeline's hidden-state stage writes them.
+The training data are the target's own greedy answers to random prompts, written into shards by
+the pipeline's own `extract_hidden_states`, so a format change cannot pass unnoticed.
 """
 
 import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from eaglet.config import HiddenStatesConfig, PipelineConfig, TargetConfig, TrainConfig
 from eaglet.draft.checkpoint import load_draft
 from eaglet.draft.evaluate import (
     evaluate_draft,
@@ -22,11 +23,15 @@ from eaglet.draft.evaluate import (
     propose,
     target_forward,
 )
-from eaglet.draft.train import HiddenStatesData, TrainSettings, train_draft, ttt_unroll
+from eaglet.draft.train import HiddenStatesData, train_draft, ttt_unroll
+from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
+from eaglet.hidden_states.stage import stage_body
+from eaglet.records.examples import Example
+from eaglet.records.io import write_jsonl
 
 HIDDEN, VOCAB, LAYERS, PROMPT_LEN, ANSWER_LEN = 64, 300, 6, 12, 40
 AUX_IDS = [1, 3, 5]  # HF hidden_states indices (vLLM convention)
-CONVENTION = "hf_hidden_states_index"
+CONVENTION = AUX_LAYER_CONVENTION  # what the pipeline writes
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -74,56 +79,51 @@ def random_prompts(n: int, seed: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def write_hidden_state_shards(model, out_dir, prompts, answer_len, aux_ids, per_shard=16):
-    """The target's greedy answers to `prompts`, as hidden-state shards + index.jsonl."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+def greedy_examples(model, prompts, answer_len) -> list[Example]:
+    """The target's greedy answers to `prompts` as extract-stage records (answer = model output)."""
     sequences = model.generate(
-        torch.tensor(prompts),
-        do_sample=False,
-        max_new_tokens=answer_len,
-        min_new_tokens=answer_len,
+        torch.tensor(prompts), do_sample=False, max_new_tokens=answer_len, min_new_tokens=answer_len
     )
-    index = []
-    for first in range(0, len(sequences), per_shard):
-        shard = f"shard-{first // per_shard:05d}.safetensors"
-        tensors = {
-            "input_ids": [],
-            "loss_mask": [],
-            "aux_hidden_states": [],
-            "final_hidden_states": [],
-        }
-        offset = 0
-        for row, seq in enumerate(sequences[first : first + per_shard]):
-            hs = model(seq[None], output_hidden_states=True, use_cache=False).hidden_states
-            mask = torch.zeros(len(seq), dtype=torch.uint8)
-            mask[len(prompts[first + row]) :] = 1  # the answer is model output
-            tensors["input_ids"].append(seq)
-            tensors["loss_mask"].append(mask)
-            tensors["aux_hidden_states"].append(torch.cat([hs[i][0] for i in aux_ids], -1))
-            tensors["final_hidden_states"].append(hs[-1][0])  # post final norm in HF
-            index.append(
-                {
-                    "sample_id": f"s{first + row}",
-                    "shard": shard,
-                    "offset": offset,
-                    "length": len(seq),
-                }
-            )
-            offset += len(seq)
-        save_file({k: torch.cat(v).contiguous() for k, v in tensors.items()}, str(out_dir / shard))
-    lines = "".join(json.dumps(entry) + "\n" for entry in index)
-    (out_dir / "index.jsonl").write_text(lines)
+    return [
+        Example(
+            sample_id=f"s{row}",
+            source="random",
+            reasoning="",
+            content="",
+            input_ids=seq.tolist(),
+            loss_mask=[0] * len(prompt) + [1] * (len(seq) - len(prompt)),
+            finish_reason="length",
+        )
+        for row, (prompt, seq) in enumerate(zip(prompts, sequences, strict=True))
+    ]
+
+
+def write_hidden_state_shards(target_dir, out_dir, examples, aux_ids) -> dict:
+    """Shards + index.jsonl written by the pipeline's own hidden_states stage body (hf backend,
+    float32 storage), from an examples.jsonl as the extract stage writes it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    examples_path = out_dir.parent / f"{out_dir.name}-examples.jsonl"
+    write_jsonl(examples_path, examples)
+    config = PipelineConfig(
+        work_dir=str(out_dir.parent),
+        target=TargetConfig(model=str(target_dir), device="cpu"),
+        hidden_states=HiddenStatesConfig(
+            aux_layer_ids=aux_ids, shard_tokens=16 * 52, batch_size=8, storage="float32"
+        ),
+    )
+    return stage_body(config, examples_path, report=lambda line: None)(out_dir).info
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("eagle")
     model = make_target(root / "target")
-    write_hidden_state_shards(model, root / "hs", random_prompts(64, seed=1), ANSWER_LEN, AUX_IDS)
+    examples = greedy_examples(model, random_prompts(64, seed=1), ANSWER_LEN)
+    write_hidden_state_shards(root / "target", root / "hs", examples, AUX_IDS)
     return root
 
 
-def settings(**overrides) -> TrainSettings:
+def settings(**overrides) -> TrainConfig:
     kw = dict(
         epochs=20,
         lr=1e-2,
@@ -134,7 +134,7 @@ def settings(**overrides) -> TrainSettings:
         intermediate_size=128,
         seed=0,
     )
-    return TrainSettings(**(kw | overrides))
+    return TrainConfig(**(kw | overrides))
 
 
 def test_shards_follow_the_contract(world):
@@ -172,6 +172,9 @@ def test_training_lowers_loss_and_writes_outputs(trained, world):
     assert summary["draft_vocab_size"] == 256 and 0.8 < summary["vocab_coverage"] < 1.0
     assert summary["train_samples"] == 64 and summary["train_tokens"] == 64 * 52
     assert progress[-1]["step"] == 160 and len(progress[-1]["acc"]) == 4
+    # what the train task's log lines and progress artifact show: rate and ETA
+    assert progress[-1]["stop_at"] == 160 and progress[-1]["eta_s"] == 0
+    assert progress[0]["eta_s"] > 0 and all(r["tokens_per_s"] > 0 for r in progress)
     metrics = [json.loads(line) for line in (world / "run" / "metrics.jsonl").open()]
     assert [m["step"] for m in metrics] == list(range(5, 161, 5))
     assert {"step", "epoch", "loss", "acc", "lr", "tokens_per_s"} <= set(metrics[0])
@@ -237,7 +240,7 @@ def test_resume_continues_at_saved_step_with_same_vocab(world, tmp_path, monkeyp
     def no_recount(*a, **k):
         raise AssertionError("the vocab must be loaded on resume, not recomputed")
 
-    monkeypatch.setattr("eaglet.train.build_draft_vocab", no_recount)
+    monkeypatch.setattr("eaglet.draft.train.build_draft_vocab", no_recount)
     steps_seen = []
     resumed = train_draft(
         *args, tmp_path / "part", fast, progress=lambda r: steps_seen.append(r["step"]), **kwargs

@@ -1,10 +1,19 @@
-"""Train an EAGLE-3 draft model on the target's saved hidden states.
+"""Train an EAGLE-3 draft model on the target's hidden states.
 
-Owns the training run, nanoGPT-style, top to bottom: settings, data (hidden-state shards ->
-padded batches, one sample per row), target pieces (frozen `embed_tokens` and `lm_head`), the
-training-time-test unroll (`ttt_unroll`), the loss (`ttt_loss`), the learning-rate schedule, and
-the loop with logging, checkpointing and resume (`train_draft`). It writes, under `out_dir`:
-`draft/` (the checkpoint vLLM loads), `state/` (resumable state), `metrics.jsonl`, `loss.png`.
+Reads top to bottom, nanoGPT-style: data (hidden-state shards -> padded batches, one training
+window per row), the target's labels (from the borrowed `lm_head`), the training-time-test unroll
+(`ttt_unroll`) and loss (`ttt_loss`), then the run itself: `setup` (data, the borrowed target
+head, vocab, model, optimizer, schedule, resume), `train_step` (one optimizer step over one global
+batch), `train_loop` (the epochs, with logging and checkpoints) and `summarize`. `train_draft`
+calls the four in order. `TrainConfig` (eaglet/config.py) is the one settings type.
+
+Data parallel: under `torchrun` (see eaglet/draft/launch.py) every process takes its share of
+each global batch (rows rank, rank + world, ...), the loss of each TTT step is normalized by the
+count over the whole global batch, and gradients are summed across processes before the step, so
+N processes follow one process's loss curve. Only rank 0 writes checkpoints and metrics.
+
+It writes, under `out_dir`: `draft/` (the checkpoint vLLM loads), `state/` (resumable state),
+`metrics.jsonl`, `loss.png`.
 
 Indexing used throughout, for one sample x_0..x_{n-1} with target features g_t = fc(aux_t):
 TTT step i at index t feeds embed(x_{t+1+i}) and (step 0) g_t or (step i > 0) the draft's own
@@ -18,41 +27,29 @@ import hashlib
 import json
 import logging
 import math
+import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from safetensors import safe_open
 
+from eaglet.config import TargetConfig, TrainConfig
 from eaglet.draft.checkpoint import load_training_state, save_draft, save_training_state
 from eaglet.draft.model import Eagle3Config, Eagle3Draft, ttt_attention_mask
+from eaglet.draft.schedule import warmup_cosine
+from eaglet.draft.target_head import TargetHead, load_target_head
 from eaglet.draft.vocab import DraftVocab, build_draft_vocab, count_tokens
 from eaglet.hidden_states.shards import read_window
+from eaglet.target import resolve_device
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainSettings:
-    epochs: int = 8
-    lr: float = 1e-3
-    batch_size: int = 8
-    ttt_length: int = 4
-    draft_vocab_size: int = 32000
-    max_seq_len: int = 1024  # longer samples are cut into consecutive windows of this length
-    seed: int = 0
-    intermediate_size: int | None = None  # None: the target's MLP width, as published drafts do
-    warmup_steps: int = 10
-    grad_clip: float = 1.0
-    log_every: int = 10
-    ttt_step_weight: float = 0.8  # loss weight of TTT step i is ttt_step_weight ** i
-    save_every: int = 0  # optimizer steps between state saves; 0 = at the end of every epoch
-    max_steps: int | None = None  # stop (and save) after this many steps in total
-    device: str = "auto"  # "auto" = cuda when available, else cpu
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -71,10 +68,8 @@ class HiddenStatesData:
         self.samples = [e for e in entries if e["sample_id"] not in exclude_sample_ids]
         self.windows: list[tuple[str, int, int]] = []  # (shard, offset, length)
         for e in self.samples:
-            for start in range(0, e["length"], max_seq_len):
-                length = min(max_seq_len, e["length"] - start)
-                if length >= MIN_SAMPLE_TOKENS:
-                    self.windows.append((e["shard"], e["offset"] + start, length))
+            for start, length in window_starts(e["length"], max_seq_len):
+                self.windows.append((e["shard"], e["offset"] + start, length))
         self._files: dict = {}
 
     def _file(self, shard: str):
@@ -104,9 +99,19 @@ class HiddenStatesData:
         return counts
 
     def fingerprint(self, batch_size: int, max_seq_len: int) -> str:
-        ids = sorted(e["sample_id"] for e in self.samples)
-        key = json.dumps([ids, batch_size, max_seq_len])
-        return hashlib.sha256(key.encode()).hexdigest()[:16]
+        return data_fingerprint([e["sample_id"] for e in self.samples], batch_size, max_seq_len)
+
+
+def window_starts(length: int, max_seq_len: int) -> list[tuple[int, int]]:
+    """(start, length) of the training windows of a sample of `length` tokens."""
+    spans = [(s, min(max_seq_len, length - s)) for s in range(0, length, max_seq_len)]
+    return [(s, n) for s, n in spans if n >= MIN_SAMPLE_TOKENS]
+
+
+def data_fingerprint(sample_ids: list[str], batch_size: int, max_seq_len: int) -> str:
+    """What decides the order of batches (with the seed): a resume checks it is unchanged."""
+    key = json.dumps([sorted(sample_ids), batch_size, max_seq_len])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -130,54 +135,14 @@ def epoch_batches(num_items: int, batch_size: int, seed: int, epoch: int) -> lis
     return [order[i : i + batch_size] for i in range(0, num_items, batch_size)]
 
 
-# --------------------------------------------------------------------------------------- target
+# ---------------------------------------------------------------------------- target labels
 
 
-@dataclass
-class TargetHead:
-    """What the draft borrows from the target: frozen embeddings, lm_head and config numbers."""
-
-    embed: torch.Tensor  # [V, H]
-    lm_head: torch.Tensor  # [V, H]
-    config: dict
-
-
-def _rope_theta(cfg) -> float:
-    params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    params = params.get("full_attention", params)  # per-layer-type dicts (transformers 5)
-    return float(params.get("rope_theta") or getattr(cfg, "rope_theta", None) or 10000.0)
-
-
-def load_target_head(target_model_dir: Path, trust_remote_code: bool = False) -> TargetHead:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        str(target_model_dir), dtype=torch.float32, trust_remote_code=trust_remote_code
-    )
-    cfg = model.config.get_text_config()
-    heads = cfg.num_attention_heads
-    config = {
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": heads,
-        "num_key_value_heads": getattr(cfg, "num_key_value_heads", None) or heads,
-        "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-        "rms_norm_eps": float(getattr(cfg, "rms_norm_eps", 1e-6)),
-        "rope_theta": _rope_theta(cfg),
-        "max_position_embeddings": getattr(cfg, "max_position_embeddings", 32768),
-        "vocab_size": cfg.vocab_size,
-    }
-    embed = model.get_input_embeddings().weight.detach().clone()
-    lm_head = model.get_output_embeddings().weight.detach().clone()
-    del model
-    return TargetHead(embed=embed, lm_head=lm_head, config=config)
-
-
-def draft_config(target: TargetHead, settings: TrainSettings, draft_vocab_size: int):
+def draft_config(target: TargetHead, config: TrainConfig, draft_vocab_size: int) -> Eagle3Config:
     c = target.config
     return Eagle3Config(
         hidden_size=c["hidden_size"],
-        intermediate_size=settings.intermediate_size or c["intermediate_size"],
+        intermediate_size=config.intermediate_size or c["intermediate_size"],
         num_attention_heads=c["num_attention_heads"],
         num_key_value_heads=c["num_key_value_heads"],
         head_dim=c["head_dim"],
@@ -191,22 +156,28 @@ def draft_config(target: TargetHead, settings: TrainSettings, draft_vocab_size: 
 
 
 @torch.no_grad()
-def target_labels(
+def target_in_vocab(
     final_hidden: torch.Tensor,  # [B, T, H], after the target's final norm
     lm_head: torch.Tensor,  # [V, H]
-    vocab_ids: torch.Tensor,  # [Vd], target ids of the draft vocab
     t2d: torch.Tensor,  # bool [V]
     chunk: int = 2048,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Target distribution over the draft vocab [B, T, Vd] and whether the target's argmax is in
-    the draft vocab [B, T], computed `chunk` tokens at a time to bound the [., V] logits."""
+) -> torch.Tensor:
+    """Whether the target's argmax is in the draft vocab, bool [B, T]; `chunk` tokens at a time
+    bound the [., V] logits."""
     B, T, H = final_hidden.shape
-    probs, in_vocab = [], []
-    for part in final_hidden.reshape(B * T, H).split(chunk):
-        logits = part @ lm_head.T  # [n, V]
-        in_vocab.append(t2d[logits.argmax(-1)])
-        probs.append(logits[:, vocab_ids].softmax(-1))  # [n, Vd]
-    return torch.cat(probs).view(B, T, -1), torch.cat(in_vocab).view(B, T)
+    parts = [
+        t2d[(part @ lm_head.T).argmax(-1)] for part in final_hidden.reshape(B * T, H).split(chunk)
+    ]
+    return torch.cat(parts).view(B, T)
+
+
+@torch.no_grad()
+def target_probs(
+    final_hidden: torch.Tensor,  # [B, T, H]
+    draft_lm_head: torch.Tensor,  # [Vd, H], lm_head rows of the draft vocab's target ids
+) -> torch.Tensor:
+    """The target's distribution restricted to the draft vocab, [B, T, Vd]."""
+    return (final_hidden @ draft_lm_head.T).softmax(-1)
 
 
 # ------------------------------------------------------------------------------ TTT and loss
@@ -242,45 +213,55 @@ def ttt_unroll(
     return step_logits
 
 
+def counted_positions(
+    step: int,
+    target_in_vocab: torch.Tensor,  # bool [B, T]
+    loss_mask: torch.Tensor,  # bool [B, T], 1 = token produced by the model
+    lengths: torch.Tensor,  # [B]
+) -> torch.Tensor:
+    """bool [B, T]: TTT step `step` at index t predicts x_{t+2+step} (target distribution at
+    t+1+step); it counts when that token is model output, exists, and the target's argmax there
+    is in the draft vocab."""
+    t = torch.arange(loss_mask.shape[1], device=loss_mask.device)
+    return (
+        (t + 2 + step < lengths[:, None].to(t.device))
+        & shift_left(loss_mask, 2 + step)
+        & shift_left(target_in_vocab, 1 + step)
+    )
+
+
 def ttt_loss(
     step_logits: list[torch.Tensor],  # per step [B, T, Vd]
     target_probs: torch.Tensor,  # [B, T, Vd], target distribution for the token after t
     target_in_vocab: torch.Tensor,  # bool [B, T]
-    loss_mask: torch.Tensor,  # bool [B, T], 1 = token produced by the model
+    loss_mask: torch.Tensor,  # bool [B, T]
     lengths: torch.Tensor,  # [B]
     step_weight: float = 0.8,
+    denominators: list[int] | None = None,
 ) -> tuple[torch.Tensor, dict[str, list[float]]]:
     """Sum over steps of step_weight**i * soft cross-entropy, each step averaged over its counted
-    positions. Step i at index t predicts x_{t+2+i} (target distribution at t+1+i); it counts
-    when that token is model output, exists, and the target's argmax is in the draft vocab."""
-    T = loss_mask.shape[1]
-    t = torch.arange(T, device=loss_mask.device)
-    total = step_logits[0].new_zeros(())
-    stats: dict[str, list[float]] = {"loss": [], "acc": [], "count": []}
+    positions (`counted_positions`) — or divided by `denominators[i]`, the count over a whole
+    global batch of which this is one piece (micro-batches, data-parallel shares).
+
+    Stats per step: `loss` and `acc` (means over this piece), `count`, and the sums `loss_sum`
+    and `hits` that add up across pieces."""
+    total = step_logits[0].new_zeros((), dtype=torch.float32)
+    stats: dict[str, list[float]] = {"loss": [], "acc": [], "count": [], "loss_sum": [], "hits": []}
     for i, logits in enumerate(step_logits):
-        valid = (
-            (t + 2 + i < lengths[:, None].to(t.device))
-            & shift_left(loss_mask, 2 + i)
-            & shift_left(target_in_vocab, 1 + i)
-        )  # [B, T]
-        b, tt = valid.nonzero(as_tuple=True)
+        b, tt = counted_positions(i, target_in_vocab, loss_mask, lengths).nonzero(as_tuple=True)
         log_q = logits[b, tt].float().log_softmax(-1)  # [N, Vd]
         p = target_probs[b, tt + 1 + i]  # [N, Vd]
-        n = max(len(b), 1)
-        step_loss = -(p * log_q).sum() / n
-        total = total + step_weight**i * step_loss
-        stats["loss"].append(step_loss.item())
-        stats["acc"].append((log_q.argmax(-1) == p.argmax(-1)).sum().item() / n)
-        stats["count"].append(len(b))
+        n = len(b)
+        step_sum = -(p * log_q).sum()
+        denominator = max(n if denominators is None else denominators[i], 1)
+        total = total + step_weight**i * step_sum / denominator
+        hits = (log_q.argmax(-1) == p.argmax(-1)).sum().item()
+        stats["loss"].append(step_sum.item() / max(n, 1))
+        stats["acc"].append(hits / max(n, 1))
+        stats["count"].append(n)
+        stats["loss_sum"].append(step_sum.item())
+        stats["hits"].append(hits)
     return total, stats
-
-
-def learning_rate(step: int, settings: TrainSettings, total_steps: int) -> float:
-    """Linear warmup, then cosine decay to 10% of the peak."""
-    if step < settings.warmup_steps:
-        return settings.lr * (step + 1) / settings.warmup_steps
-    progress = (step - settings.warmup_steps) / max(1, total_steps - settings.warmup_steps)
-    return settings.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
 # ----------------------------------------------------------------------------------- plotting
@@ -311,7 +292,264 @@ def plot_loss(metrics: list[dict], path: Path) -> None:
     fig.savefig(str(path), dpi=100)
 
 
-# ----------------------------------------------------------------------------------- the loop
+# ----------------------------------------------------------------------------------- the run
+
+
+def distributed() -> tuple[int, int]:
+    """(rank, world size): (0, 1) unless a process group is up (this process runs under
+    torchrun, started by eaglet/draft/train_worker.py)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def training_device(config: TrainConfig) -> torch.device:
+    """`train.device`; under torchrun a bare `cuda` means this process's GPU (LOCAL_RANK)."""
+    device = torch.device(resolve_device(config.device))
+    if device.type == "cuda" and device.index is None and "LOCAL_RANK" in os.environ:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return device
+
+
+def autocast_dtype(config: TrainConfig, device: torch.device) -> torch.dtype | None:
+    """bfloat16 when asked for and the device runs it, else None (plain float32)."""
+    if config.precision != "bfloat16":
+        return None
+    if device.type == "cuda" and torch.cuda.is_bf16_supported() or device.type == "cpu":
+        return torch.bfloat16
+    log.warning("train.precision=bfloat16: %s does not support it; training in float32", device)
+    return None
+
+
+@dataclass
+class Run:
+    """What `setup` builds: the data, the borrowed target matrices, the draft, the optimizer and
+    schedule, and where the run stands (`step`)."""
+
+    config: TrainConfig
+    data: Any  # HiddenStatesData, or a dataset with add_features (eaglet/draft/online.py)
+    out_dir: Path
+    aux_layer_ids: list[int]
+    aux_layer_convention: str
+    device: torch.device
+    autocast: torch.dtype | None
+    rank: int
+    world: int
+    vocab: DraftVocab
+    draft: Eagle3Draft
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LambdaLR
+    embed: torch.Tensor  # [V, H], the target's
+    lm_head: torch.Tensor  # [V, H], the target's
+    draft_lm_head: torch.Tensor  # [Vd, H], lm_head rows of the draft vocab
+    t2d: torch.Tensor  # bool [V]
+    steps_per_epoch: int
+    total_steps: int
+    stop_at: int
+    step: int
+    start_step: int
+    fingerprint: str
+    started: float = field(default_factory=time.time)
+
+    @property
+    def draft_dir(self) -> Path:
+        return self.out_dir / "draft"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.out_dir / "state"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.out_dir / "metrics.jsonl"
+
+    @property
+    def plot_path(self) -> Path:
+        return self.out_dir / "loss.png"
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
+
+
+def setup(
+    data: Any,
+    target: TargetConfig,
+    out_dir: Path,
+    config: TrainConfig,
+    aux_layer_ids: list[int],
+    aux_layer_convention: str,
+    resume: bool,
+) -> Run:
+    """Data, target head, vocab, draft, optimizer, schedule; restored from `state/` when it
+    exists and `resume` (the same vocab, weights, optimizer moments and step)."""
+    started = time.time()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    if len(aux_layer_ids) != 3:
+        raise ValueError(f"EAGLE-3 fuses three target layers, got {aux_layer_ids}")
+    rank, world = distributed()
+    device = training_device(config)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state_dir, metrics_path = out_dir / "state", out_dir / "metrics.jsonl"
+
+    if len(data) == 0:
+        raise ValueError(f"no training samples in {data.root}")
+    steps_per_epoch = math.ceil(len(data) / config.batch_size)
+    total_steps = config.epochs * steps_per_epoch
+    stop_at = min(total_steps, config.max_steps or total_steps)
+    fingerprint = data.fingerprint(config.batch_size, config.max_seq_len)
+
+    head = load_target_head(target)
+    H, V = head.config["hidden_size"], head.config["vocab_size"]
+    if data.aux_width() != 3 * H:
+        raise ValueError(f"aux_hidden_states are {data.aux_width()} wide, expected 3 * {H}")
+
+    # vocab: computed once; a resumed run reuses the saved one
+    resuming = resume and (state_dir / "state.json").exists()
+    _barrier(world)  # every process has looked before rank 0 clears an old state
+    if resuming:
+        vocab = DraftVocab.load(state_dir / "vocab.json")
+    else:
+        if rank == 0:
+            shutil.rmtree(state_dir, ignore_errors=True)
+            metrics_path.unlink(missing_ok=True)
+        vocab = build_draft_vocab(data.token_counts(V), config.draft_vocab_size)
+
+    torch.manual_seed(config.seed)  # the same initial weights in every process
+    draft = Eagle3Draft(draft_config(head, config, vocab.size))
+    draft.set_vocab(vocab.d2t, vocab.t2d)
+    draft.to(device)
+    optimizer = torch.optim.AdamW(
+        draft.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0
+    )
+    step = 0
+    if resuming:
+        meta, vocab = load_training_state(state_dir, draft, optimizer)
+        if meta["data_fingerprint"] != fingerprint:
+            raise ValueError(
+                f"{state_dir} was trained on other data or batch settings; delete it (or pass "
+                "resume=False) to start over"
+            )
+        step = meta["step"]
+        if rank == 0:
+            kept = [m for m in read_metrics(metrics_path) if m["step"] <= step]
+            metrics_path.write_text("".join(json.dumps(m) + "\n" for m in kept))
+        log.info("resuming at step %d of %d", step, total_steps)
+    for group in optimizer.param_groups:  # the schedule scales the configured peak
+        group["lr"] = config.lr
+        group.pop("initial_lr", None)
+    schedule = warmup_cosine(optimizer, config.warmup_steps, total_steps, start_step=step)
+    log.info("draft vocab %d ids, coverage %.4f", vocab.size, vocab.coverage)
+
+    embed, lm_head = head.embed.to(device), head.lm_head.to(device)
+    return Run(
+        config=config,
+        data=data,
+        out_dir=out_dir,
+        aux_layer_ids=list(aux_layer_ids),
+        aux_layer_convention=aux_layer_convention,
+        device=device,
+        autocast=autocast_dtype(config, device),
+        rank=rank,
+        world=world,
+        vocab=vocab,
+        draft=draft,
+        optimizer=optimizer,
+        schedule=schedule,
+        embed=embed,
+        lm_head=lm_head,
+        draft_lm_head=lm_head[vocab.ids.to(device)],
+        t2d=vocab.t2d.to(device),
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        stop_at=stop_at,
+        step=step,
+        start_step=step,
+        fingerprint=fingerprint,
+        started=started,
+    )
+
+
+def _load_pieces(run: Run, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+    """This process's share of a global batch (rows rank, rank + world, ...), split into
+    `grad_accumulation` micro-batches, on the device, with the target's in-vocab flags."""
+    share = indices[run.rank :: run.world]
+    size = max(1, math.ceil(len(share) / run.config.grad_accumulation))
+    pieces = []
+    for first in range(0, len(share), size):
+        items = [run.data[j] for j in share[first : first + size]]
+        if hasattr(run.data, "add_features"):  # online: the target computes them now
+            items = run.data.add_features(items)
+        batch = {k: v.to(run.device) for k, v in collate(items).items()}
+        batch["in_vocab"] = target_in_vocab(batch["final_hidden_states"], run.lm_head, run.t2d)
+        pieces.append(batch)
+    return pieces
+
+
+def train_step(run: Run, indices: list[int]) -> dict:
+    """One optimizer step over the global batch `indices`; returns its global loss, per TTT step
+    the loss sums, hits and counted positions, and the tokens it read."""
+    c = run.config
+    pieces = _load_pieces(run, indices)
+    counts = torch.zeros(c.ttt_length, dtype=torch.int64, device=run.device)
+    for b in pieces:
+        for i in range(c.ttt_length):
+            counts[i] += counted_positions(i, b["in_vocab"], b["loss_mask"], b["lengths"]).sum()
+    sums = torch.zeros(
+        3, c.ttt_length, dtype=torch.float64, device=run.device
+    )  # loss, hits, tokens
+    if run.world > 1:
+        dist.all_reduce(counts)
+    denominators = counts.tolist()
+
+    run.optimizer.zero_grad(set_to_none=True)
+    for b in pieces:
+        probs = target_probs(b["final_hidden_states"], run.draft_lm_head)
+        with torch.autocast(
+            run.device.type, dtype=run.autocast or torch.bfloat16, enabled=run.autocast is not None
+        ):
+            hidden = run.draft.fuse(b["aux_hidden_states"])  # [B, T, H]
+            step_logits = ttt_unroll(run.draft, run.embed, b["input_ids"], hidden, c.ttt_length)
+        loss, stats = ttt_loss(
+            step_logits,
+            probs,
+            b["in_vocab"],
+            b["loss_mask"],
+            b["lengths"],
+            c.ttt_step_weight,
+            denominators,
+        )
+        loss.backward()
+        sums[0] += torch.tensor(stats["loss_sum"], dtype=torch.float64, device=run.device)
+        sums[1] += torch.tensor(stats["hits"], dtype=torch.float64, device=run.device)
+        sums[2, 0] += int(b["lengths"].sum())
+
+    params = [p for p in run.draft.parameters() if p.requires_grad]
+    if run.world > 1:  # the gradient of the global loss: the sum of every process's part
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        dist.all_reduce(sums)
+        for p, g in zip(params, flat.split([p.numel() for p in params]), strict=True):
+            p.grad = g.view_as(p)
+    torch.nn.utils.clip_grad_norm_(params, c.grad_clip)
+    run.optimizer.step()
+    run.schedule.step()
+
+    weights = [c.ttt_step_weight**i for i in range(c.ttt_length)]
+    loss_sums, hits = sums[0].tolist(), sums[1].tolist()
+    return {
+        "loss": sum(
+            w * s / max(n, 1) for w, s, n in zip(weights, loss_sums, denominators, strict=True)
+        ),
+        "loss_sum": loss_sums,
+        "hits": hits,
+        "count": denominators,
+        "tokens": int(sums[2, 0]),
+    }
 
 
 class Meter:
@@ -325,13 +563,13 @@ class Meter:
         self.loss, self.batches, self.tokens, self.t0 = 0.0, 0, 0, time.time()
         self.hits, self.counts = [0.0] * self.ttt_length, [0] * self.ttt_length
 
-    def add(self, loss: float, stats: dict[str, list[float]], tokens: int) -> None:
-        self.loss += loss
+    def add(self, result: dict) -> None:
+        self.loss += result["loss"]
         self.batches += 1
-        self.tokens += tokens
-        for i, (acc, count) in enumerate(zip(stats["acc"], stats["count"], strict=True)):
-            self.hits[i] += acc * count
-            self.counts[i] += count
+        self.tokens += result["tokens"]
+        for i in range(self.ttt_length):
+            self.hits[i] += result["hits"][i]
+            self.counts[i] += result["count"][i]
 
     def flush(self, step: int, total_steps: int, epoch: int, lr: float) -> dict:
         record = {
@@ -347,157 +585,118 @@ class Meter:
         return record
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+def save(run: Run) -> None:
+    """The resumable state and the exportable draft (rank 0 only: every process holds the same
+    weights)."""
+    if run.rank != 0:
+        return
+    meta = {
+        "step": run.step,
+        "epoch": run.step // run.steps_per_epoch,
+        "total_steps": run.total_steps,
+        "steps_per_epoch": run.steps_per_epoch,
+        "data_fingerprint": run.fingerprint,
+        "settings": run.config.model_dump(),
+        "world_size": run.world,
+    }
+    save_training_state(run.state_dir, run.draft, run.optimizer, run.vocab, meta)
+    save_draft(run.draft, run.draft_dir, run.aux_layer_ids, run.aux_layer_convention)
+
+
+def train_loop(run: Run, progress: Callable[[dict], None] | None = None) -> None:
+    """The epochs from `run.step` to `run.stop_at`: a log line (metrics.jsonl, `progress`) every
+    `log_every` steps and a checkpoint every `save_every` steps (default: each epoch's end)."""
+    c = run.config
+    meter = Meter(c.ttt_length)
+    order, order_epoch = [], -1
+    loop_started, first_step = time.time(), run.step
+    run.draft.train()
+    while run.step < run.stop_at:
+        epoch, index = divmod(run.step, run.steps_per_epoch)
+        if epoch != order_epoch:
+            order, order_epoch = epoch_batches(len(run.data), c.batch_size, c.seed, epoch), epoch
+        lr = run.schedule.get_last_lr()[0]
+        meter.add(train_step(run, order[index]))
+        run.step += 1
+
+        if run.step % c.log_every == 0 or run.step == run.stop_at:
+            record = meter.flush(run.step, run.total_steps, epoch, lr)
+            per_step = (time.time() - loop_started) / (run.step - first_step)
+            record |= {"stop_at": run.stop_at, "eta_s": per_step * (run.stop_at - run.step)}
+            if run.rank == 0:
+                with run.metrics_path.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+                log.info(
+                    "step %d/%d loss %.4f acc %s %.0f tok/s ETA %.0f s",
+                    run.step,
+                    run.stop_at,
+                    record["loss"],
+                    [round(a, 3) for a in record["acc"]],
+                    record["tokens_per_s"],
+                    record["eta_s"],
+                )
+                if progress is not None:
+                    progress(record)
+        if run.step % (c.save_every or run.steps_per_epoch) == 0 or run.step == run.stop_at:
+            save(run)
+    if not (run.draft_dir / "model.safetensors").exists():
+        save(run)
+
+
+def summarize(run: Run) -> dict:
+    """The run's figures for the stage manifest (plots the loss curve on rank 0)."""
+    metrics = read_metrics(run.metrics_path) if run.rank == 0 else []
+    if metrics:
+        plot_loss(metrics, run.plot_path)
+    return {
+        "steps": run.step,
+        "total_steps": run.total_steps,
+        "resumed_from_step": run.start_step,
+        "epochs": run.config.epochs,
+        "epochs_completed": run.step / run.steps_per_epoch,
+        "initial_loss": metrics[0]["loss"] if metrics else None,  # first log window's mean
+        "final_loss": metrics[-1]["loss"] if metrics else None,  # last log window's mean
+        "final_acc": metrics[-1]["acc"] if metrics else None,
+        "draft_vocab_size": run.vocab.size,
+        "vocab_coverage": run.vocab.coverage,
+        "train_samples": len(run.data.samples),
+        "train_windows": len(run.data),
+        "train_tokens": sum(e["length"] for e in run.data.samples),
+        "train_loss_tokens": run.vocab.counted_tokens,
+        "seconds": time.time() - run.started,
+        "device": str(run.device),
+        "world_size": run.world,
+        "precision": "bfloat16" if run.autocast is not None else "float32",
+        "hidden_states": getattr(run.data, "mode", "offline"),
+        "draft_dir": str(run.draft_dir),
+        "state_dir": str(run.state_dir),
+        "metrics_path": str(run.metrics_path),
+        "loss_plot": str(run.plot_path) if metrics else None,
+    }
 
 
 def train_draft(
-    hidden_states_dir: Path,
-    target_model_dir: Path,
+    hidden_states: Path | Any,
+    target: TargetConfig | str | Path,
     out_dir: Path,
-    settings: TrainSettings,
+    config: TrainConfig,
     aux_layer_ids: list[int],
     aux_layer_convention: str,
     exclude_sample_ids: set[str] | frozenset[str] = frozenset(),
     progress: Callable[[dict], None] | None = None,
     resume: bool = True,
-    trust_remote_code: bool = False,
 ) -> dict:
-    """Train (or resume training) a draft; return a summary dict (see the end)."""
-    t_start = time.time()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    draft_dir, state_dir = out_dir / "draft", out_dir / "state"
-    metrics_path, plot_path = out_dir / "metrics.jsonl", out_dir / "loss.png"
-    if len(aux_layer_ids) != 3:
-        raise ValueError(f"EAGLE-3 fuses three target layers, got {aux_layer_ids}")
-    device = _device(settings.device)
+    """Train (or resume training) a draft; return `summarize`'s figures.
 
-    # data
-    data = HiddenStatesData(hidden_states_dir, exclude_sample_ids, settings.max_seq_len)
-    if len(data) == 0:
-        raise ValueError(f"no training samples in {hidden_states_dir}")
-    steps_per_epoch = math.ceil(len(data) / settings.batch_size)
-    total_steps = settings.epochs * steps_per_epoch
-    stop_at = min(total_steps, settings.max_steps or total_steps)
-    fingerprint = data.fingerprint(settings.batch_size, settings.max_seq_len)
-
-    # target pieces
-    target = load_target_head(Path(target_model_dir), trust_remote_code)
-    H, V = target.config["hidden_size"], target.config["vocab_size"]
-    if data.aux_width() != 3 * H:
-        raise ValueError(f"aux_hidden_states are {data.aux_width()} wide, expected 3 * {H}")
-
-    # vocab: computed once; a resumed run reuses the saved one
-    resuming = resume and (state_dir / "state.json").exists()
-    if not resuming:
-        shutil.rmtree(state_dir, ignore_errors=True)
-        metrics_path.unlink(missing_ok=True)
-        vocab = build_draft_vocab(data.token_counts(V), settings.draft_vocab_size)
-    else:
-        vocab = DraftVocab.load(state_dir / "vocab.json")
-
-    # model and optimizer
-    torch.manual_seed(settings.seed)
-    draft = Eagle3Draft(draft_config(target, settings, vocab.size))
-    draft.set_vocab(vocab.d2t, vocab.t2d)
-    draft.to(device)
-    optimizer = torch.optim.AdamW(
-        draft.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0
-    )
-    step = 0
-    if resuming:
-        meta, vocab = load_training_state(state_dir, draft, optimizer)
-        if meta["data_fingerprint"] != fingerprint:
-            raise ValueError(
-                f"{state_dir} was trained on other data or batch settings; use resume=False"
-            )
-        step = meta["step"]
-        kept = [m for m in read_metrics(metrics_path) if m["step"] <= step]
-        metrics_path.write_text("".join(json.dumps(m) + "\n" for m in kept))
-        log.info("resuming at step %d of %d", step, total_steps)
-    start_step = step
-    log.info("draft vocab %d ids, coverage %.4f", vocab.size, vocab.coverage)
-
-    embed, lm_head = target.embed.to(device), target.lm_head.to(device)
-    vocab_ids, t2d = vocab.ids.to(device), vocab.t2d.to(device)
-
-    def save(step: int) -> None:
-        meta = {
-            "step": step,
-            "epoch": step // steps_per_epoch,
-            "total_steps": total_steps,
-            "steps_per_epoch": steps_per_epoch,
-            "data_fingerprint": fingerprint,
-            "settings": asdict(settings),
-        }
-        save_training_state(state_dir, draft, optimizer, vocab, meta)
-        save_draft(draft, draft_dir, aux_layer_ids, aux_layer_convention)
-
-    # the loop
-    meter = Meter(settings.ttt_length)
-    batches, batches_epoch = [], -1
-    draft.train()
-    while step < stop_at:
-        epoch, index = divmod(step, steps_per_epoch)
-        if epoch != batches_epoch:
-            batches = epoch_batches(len(data), settings.batch_size, settings.seed, epoch)
-            batches_epoch = epoch
-        batch = {k: v.to(device) for k, v in collate([data[j] for j in batches[index]]).items()}
-        lr = learning_rate(step, settings, total_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-
-        probs, in_vocab = target_labels(batch["final_hidden_states"], lm_head, vocab_ids, t2d)
-        hidden = draft.fuse(batch["aux_hidden_states"])  # [B, T, H]
-        step_logits = ttt_unroll(draft, embed, batch["input_ids"], hidden, settings.ttt_length)
-        mask, lengths = batch["loss_mask"], batch["lengths"]
-        loss, stats = ttt_loss(
-            step_logits, probs, in_vocab, mask, lengths, settings.ttt_step_weight
-        )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), settings.grad_clip)
-        optimizer.step()
-        step += 1
-
-        meter.add(loss.item(), stats, int(lengths.sum()))
-        if step % settings.log_every == 0 or step == stop_at:
-            record = meter.flush(step, total_steps, (step - 1) // steps_per_epoch, lr)
-            with metrics_path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-            if progress is not None:
-                progress(record)
-        if step % (settings.save_every or steps_per_epoch) == 0 or step == stop_at:
-            save(step)
-
-    if not (draft_dir / "model.safetensors").exists():
-        save(step)
-    metrics = read_metrics(metrics_path)
-    if metrics:
-        plot_loss(metrics, plot_path)
-    total_tokens = sum(e["length"] for e in data.samples)
-    return {
-        "steps": step,
-        "total_steps": total_steps,
-        "resumed_from_step": start_step,
-        "epochs": settings.epochs,
-        "epochs_completed": step / steps_per_epoch,
-        "initial_loss": metrics[0]["loss"] if metrics else None,  # first log window's mean
-        "final_loss": metrics[-1]["loss"] if metrics else None,  # last log window's mean
-        "final_acc": metrics[-1]["acc"] if metrics else None,
-        "draft_vocab_size": vocab.size,
-        "vocab_coverage": vocab.coverage,
-        "train_samples": len(data.samples),
-        "train_windows": len(data),
-        "train_tokens": total_tokens,
-        "train_loss_tokens": vocab.counted_tokens,
-        "seconds": time.time() - t_start,
-        "device": str(device),
-        "draft_dir": str(draft_dir),
-        "state_dir": str(state_dir),
-        "metrics_path": str(metrics_path),
-        "loss_plot": str(plot_path) if metrics else None,
-    }
+    `hidden_states` is a hidden-states folder (offline) or a dataset that computes features as
+    it goes (eaglet/draft/online.py); `target` the target's settings (a bare path or hub id means
+    default settings)."""
+    if not isinstance(target, TargetConfig):
+        target = TargetConfig(model=str(target))
+    data = hidden_states
+    if isinstance(hidden_states, str | Path):
+        data = HiddenStatesData(Path(hidden_states), exclude_sample_ids, config.max_seq_len)
+    run = setup(data, target, out_dir, config, aux_layer_ids, aux_layer_convention, resume)
+    train_loop(run, progress)
+    _barrier(run.world)  # the last checkpoint is in place before any process returns
+    return summarize(run)

@@ -1,0 +1,100 @@
+"""The trainer under torchrun: two gloo processes on CPU follow one process's loss curve with
+the same global batch, and a stopped torchrun run resumes where it stopped."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eaglet.config import TargetConfig, TrainConfig
+from eaglet.draft.launch import launch, run_job, torchrun_command, train_job
+from tests.test_train_eval import (
+    ANSWER_LEN,
+    AUX_IDS,
+    CONVENTION,
+    greedy_examples,
+    make_target,
+    random_prompts,
+    write_hidden_state_shards,
+)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ddp")
+    torch.set_num_threads(1)
+    model = make_target(root / "target")
+    examples = greedy_examples(model, random_prompts(32, seed=1), ANSWER_LEN)
+    write_hidden_state_shards(root / "target", root / "hs", examples, AUX_IDS)
+    return root
+
+
+def job(world, out, **train):
+    config = TrainConfig(
+        **(
+            dict(
+                epochs=2,
+                lr=1e-2,
+                batch_size=8,
+                draft_vocab_size=256,
+                warmup_steps=2,
+                log_every=1,
+                intermediate_size=128,
+                threads=1,
+            )
+            | train
+        )
+    )
+    return train_job(
+        out,
+        TargetConfig(model=str(world / "target"), device="cpu"),
+        config,
+        AUX_IDS,
+        CONVENTION,
+        hidden_states_dir=world / "hs",
+    )
+
+
+def losses(folder):
+    return [json.loads(line)["loss"] for line in (folder / "metrics.jsonl").open()]
+
+
+def test_torchrun_command_is_standalone_with_n_processes(tmp_path):
+    command = torchrun_command(tmp_path / "job.json", 2)
+    assert command[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    assert command[-3:] == ["-m", "eaglet.draft.train_worker", str(tmp_path / "job.json")]
+
+
+def test_two_processes_follow_one_process_loss_curve(world):
+    single = run_job(job(world, world / "one"))
+    seen = []
+    double = launch(job(world, world / "two"), 2, progress=seen.append, log_line=lambda _: None)
+    assert double["world_size"] == 2 and single["world_size"] == 1
+    assert double["steps"] == single["steps"] == 8
+    assert [r["step"] for r in seen] == list(range(1, 9))
+    one, two = losses(world / "one"), losses(world / "two")
+    assert len(one) == len(two) == 8
+    assert one[-1] < 0.9 * one[0]  # it trains, so equal curves mean something
+    for a, b in zip(one, two, strict=True):
+        assert b == pytest.approx(a, rel=1e-5)
+    a = load_file(str(world / "one" / "draft" / "model.safetensors"))
+    b = load_file(str(world / "two" / "draft" / "model.safetensors"))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-3, atol=1e-4, msg=name)
+
+
+def test_torchrun_run_resumes_from_its_checkpoint(world):
+    out = world / "resumed"
+    part = launch(job(world, out, max_steps=3, save_every=3), 2, log_line=lambda _: None)
+    assert part["steps"] == 3
+    assert json.loads((out / "state" / "state.json").read_text())["step"] == 3
+    full = launch(job(world, out, save_every=3), 2, log_line=lambda _: None)
+    assert full["resumed_from_step"] == 3 and full["steps"] == 8
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").open()]
+    assert steps == list(range(1, 9))
+    if (world / "one" / "draft").exists():  # resumed = never stopped (within float sums)
+        a = load_file(str(world / "one" / "draft" / "model.safetensors"))
+        b = load_file(str(out / "draft" / "model.safetensors"))
+        for name in a:
+            torch.testing.assert_close(a[name], b[name], rtol=1e-3, atol=1e-4, msg=name)
