@@ -14,6 +14,7 @@ a manifest that is not valid JSON, or was edited (its checksum), is a `ManifestE
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -36,6 +37,9 @@ PARTIAL_SUFFIX = ".partial"
 VERIFY_ENV = "EAGLET_VERIFY"
 VERIFY_MODES = ("size", "auto", "full")
 HASH_LIMIT_BYTES = 64 << 20
+# ... and at most this many bytes per folder in all (a stage of many small shards is checked
+# by size beyond it), so reusing a finished stage stays cheap.
+HASH_BUDGET_BYTES = 256 << 20
 
 
 class ManifestError(PermanentError, ValueError):
@@ -93,12 +97,37 @@ def sha256_file(path: Path, chunk_bytes: int = 1 << 20) -> str:
 def write_json_atomic(path: Path, value: Any) -> None:
     """Write JSON to a temporary sibling and rename it into place (never a torn file)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(value, handle, indent=2, sort_keys=True, default=str)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(value, handle, indent=2, sort_keys=True, default=str)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, say: no orphaned temporary file (its name is ours)
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class DiskFullError(OSError):
+    """No space left on the device a stage writes to; unlike the OS error, the message names
+    the folder and what to do."""
+
+
+@contextmanager
+def naming_a_full_disk(folder: Path) -> Iterator[None]:
+    """Raise an ENOSPC from the block again as a `DiskFullError` naming `folder`."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC or isinstance(exc, DiskFullError):
+            raise
+        raise DiskFullError(
+            errno.ENOSPC,
+            f"No space left on device while writing {folder}: free space on its filesystem "
+            "(or move work_dir), then run the same command again; the partial folder is kept "
+            "and nothing in it is taken as done",
+        ) from exc
 
 
 def replace_folder(tmp: Path, final: Path) -> None:
@@ -180,9 +209,11 @@ def verify_mode(mode: str | None = None) -> str:
 def verify_files(folder: Path, manifest: Manifest, mode: str | None = None) -> list[str]:
     """What differs between a complete stage folder and its manifest, one line per file:
     missing, another size, another sha256 (hashed when `mode` is "full", or "auto" and the
-    file is at most HASH_LIMIT_BYTES). Empty when the folder holds what its manifest says."""
+    file is at most HASH_LIMIT_BYTES, up to HASH_BUDGET_BYTES per folder). Empty when the
+    folder holds what its manifest says."""
     mode = verify_mode(mode)
     problems = []
+    hashed = 0
     for name, entry in sorted(manifest.files.items()):
         path = Path(folder) / name
         expected = entry.get("bytes")
@@ -194,7 +225,9 @@ def verify_files(folder: Path, manifest: Manifest, mode: str | None = None) -> l
             problems.append(f"{path}: {size} bytes, the manifest says {expected}")
             continue
         wanted = entry.get("sha256")
-        if wanted and (mode == "full" or (mode == "auto" and size <= HASH_LIMIT_BYTES)):
+        affordable = size <= HASH_LIMIT_BYTES and hashed + size <= HASH_BUDGET_BYTES
+        if wanted and (mode == "full" or (mode == "auto" and affordable)):
+            hashed += size
             actual = sha256_file(path)
             if actual != wanted:
                 problems.append(f"{path}: sha256 {actual}, the manifest says {wanted}")
@@ -298,7 +331,8 @@ def run_stage(
         shutil.rmtree(partial)
     partial.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    output = body(partial)
+    with naming_a_full_disk(partial):
+        output = body(partial)
     names = [
         str(path.relative_to(partial))
         for path in sorted(partial.rglob("*"))
@@ -319,6 +353,7 @@ def run_stage(
         finished=time.time(),
     )
     manifest.checksum = manifest.own_checksum()
-    write_json_atomic(partial / MANIFEST, manifest.model_dump())
+    with naming_a_full_disk(partial):
+        write_json_atomic(partial / MANIFEST, manifest.model_dump())
     replace_folder(partial, final)  # over an incomplete leftover without a manifest, if any
     return manifest
