@@ -34,7 +34,9 @@ def tiny_target(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def write_examples(path: Path, count: int, seed: int = 0, min_len: int = 5, max_len: int = 60):
+def write_examples(
+    path: Path, count: int, seed: int = 0, min_len: int = 5, max_len: int = 60, vocab: int = 300
+):
     """`count` examples of random lengths and ids; returns them."""
     rng = random.Random(seed)
     examples = []
@@ -46,7 +48,7 @@ def write_examples(path: Path, count: int, seed: int = 0, min_len: int = 5, max_
                 source="test",
                 reasoning="",
                 content="",
-                input_ids=[rng.randrange(1, 300) for _ in range(n)],
+                input_ids=[rng.randrange(1, vocab) for _ in range(n)],
                 loss_mask=[0] * (n // 3) + [1] * (n - n // 3),
                 finish_reason="stop",
             )

@@ -1,0 +1,224 @@
+"""The `vllm` backend: a vLLM server computes the target's states, eaglet writes the shards.
+
+The server runs with the `extract_hidden_states` speculative method and a hidden-states KV
+connector (`server_args` builds both flags): for every request it writes one safetensors file
+with `hidden_states` [T, L, H] (the aux layers, then the last layer) and `token_ids` [T], and
+names it in the response's `kv_transfer_params.hidden_states_path`. eaglet sends each
+example's token ids (`POST /v1/completions`, `max_tokens: 1`), reads the file once the
+connector's lock is released, and deletes it. vLLM's last-layer state is before the final
+norm; eaglet applies the target's norm (only its weight is read from the safetensors, never
+the whole model) to get the post-norm state the shards hold.
+
+`VllmFeatureSource.batches(examples)` streams the same per-sample tensors (bounded: at most
+`2 * concurrency` samples in flight or waiting) for online training.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from itertools import cycle
+from pathlib import Path
+
+import httpx
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from eaglet.config import HiddenStatesConfig, TargetConfig
+from eaglet.hidden_states.layers import resolve_aux_layer_ids
+from eaglet.records.examples import Example
+from eaglet.target import load_config
+
+CPU_CONNECTOR = ("CpuHiddenStatesConnector", "eaglet.hidden_states.vllm_cpu_connector")
+STOCK_CONNECTOR = (
+    "ExampleHiddenStatesConnector",
+    "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector",
+)
+
+
+def server_layer_ids(aux_layer_ids: list[int], num_layers: int) -> list[int]:
+    """The ids the server extracts: the three aux ids, then the last layer's output."""
+    return [*aux_layer_ids, num_layers]
+
+
+def server_args(
+    aux_layer_ids: list[int], num_layers: int, storage_path: str, cpu: bool = False
+) -> list[str]:
+    """The vLLM server flags for hidden-state extraction (CPU: eaglet's CPU-safe connector,
+    which must be importable by the server; GPU: vLLM's stock connector)."""
+    name, module = CPU_CONNECTOR if cpu else STOCK_CONNECTOR
+    speculative = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {
+            "hf_config": {
+                "eagle_aux_hidden_state_layer_ids": server_layer_ids(aux_layer_ids, num_layers)
+            }
+        },
+    }
+    transfer = {
+        "kv_connector": name,
+        "kv_connector_module_path": module,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": storage_path},
+    }
+    return [
+        "--speculative-config",
+        json.dumps(speculative),
+        "--kv-transfer-config",
+        json.dumps(transfer),
+    ]
+
+
+def _weight_file(model_dir: Path, name: str) -> Path:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        return model_dir / json.loads(index.read_text())["weight_map"][name]
+    return model_dir / "model.safetensors"
+
+
+def _model_folder(target: TargetConfig) -> Path:
+    folder = Path(target.model)
+    if folder.is_dir():
+        return folder
+    from huggingface_hub import snapshot_download
+
+    return Path(
+        snapshot_download(
+            target.model, revision=target.revision, allow_patterns=["*.json", "*.safetensors"]
+        )
+    )
+
+
+class FinalNorm:
+    """The target's final RMSNorm, from its weight alone (read out of the safetensors)."""
+
+    def __init__(self, target: TargetConfig, weight_name: str = "model.norm.weight"):
+        cfg = load_config(target)
+        folder = _model_folder(target)
+        with safe_open(str(_weight_file(folder, weight_name)), framework="pt") as f:
+            self.weight = f.get_tensor(weight_name).float()  # [H]
+        self.eps = float(getattr(cfg, "rms_norm_eps", 1e-6))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x
+
+
+def read_connector_file(path: str) -> dict[str, torch.Tensor]:
+    """The connector's file, once its writer released the lock; the file and lock removed."""
+    lock = path + ".lock"
+    if os.path.exists(lock):
+        with open(lock) as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH)  # sleeps until the writer is done
+            data = load_file(path)
+    else:
+        data = load_file(path)
+    for leftover in (path, lock):
+        try:
+            os.remove(leftover)
+        except FileNotFoundError:
+            pass
+    return data
+
+
+class VllmBackend:
+    """Target features of examples from vLLM servers with the hidden-states connector."""
+
+    def __init__(self, target: TargetConfig, settings: HiddenStatesConfig):
+        cfg = load_config(target)
+        self.num_layers = cfg.num_hidden_layers
+        self.hidden_size = cfg.hidden_size
+        self.aux_layer_ids = resolve_aux_layer_ids(settings.aux_layer_ids, self.num_layers)
+        self.settings = settings
+        self.norm = FinalNorm(target)
+        self.client = httpx.Client(timeout=settings.request_timeout_s)
+        self._endpoints = cycle([e.rstrip("/") for e in settings.endpoints])
+
+    def _local_path(self, server_path: str) -> str:
+        if self.settings.connector_path:
+            return str(Path(self.settings.connector_path) / Path(server_path).name)
+        return server_path
+
+    def one(self, example: Example) -> dict[str, torch.Tensor]:
+        """Features of one example: aux [T, 3H], final [T, H] (post-norm)."""
+        url = f"{next(self._endpoints)}/v1/completions"
+        body = {
+            "model": self.settings.served_model,
+            "prompt": example.input_ids,
+            "max_tokens": 1,
+            "temperature": 0.0,
+        }
+        response = self.client.post(url, json=body)
+        if response.status_code != 200:
+            raise RuntimeError(
+                f"sample {example.sample_id}: {url} answered {response.status_code}: "
+                f"{response.text[:300]}"
+            )
+        params = response.json().get("kv_transfer_params") or {}
+        if "hidden_states_path" not in params:
+            raise RuntimeError(
+                f"{url} returned no kv_transfer_params.hidden_states_path: start the server "
+                "with eaglet.hidden_states.vllm.server_args (extract_hidden_states + connector)"
+            )
+        data = read_connector_file(self._local_path(params["hidden_states_path"]))
+        states, ids = data["hidden_states"], data["token_ids"]  # [T, L, H], [T]
+        if ids.tolist() != list(example.input_ids) or states.shape[1] != 4:
+            raise RuntimeError(
+                f"sample {example.sample_id}: the connector file holds {states.shape[1]} layers "
+                f"for {len(ids)} tokens; expected 4 layers "
+                f"{server_layer_ids(self.aux_layer_ids, self.num_layers)} for "
+                f"{len(example.input_ids)} tokens. Start the server with those layer ids."
+            )
+        T = states.shape[0]
+        return {
+            "aux_hidden_states": states[:, :3].float().reshape(T, 3 * self.hidden_size),
+            "final_hidden_states": self.norm(states[:, 3]),
+        }
+
+    def stream(self, examples: Iterable[Example]) -> Iterator[tuple[Example, dict]]:
+        """(example, features) in input order, with at most `2 * concurrency` pending."""
+        window = 2 * self.settings.concurrency
+        with ThreadPoolExecutor(max_workers=self.settings.concurrency) as pool:
+            pending: deque = deque()
+            for example in examples:
+                pending.append((example, pool.submit(self.one, example)))
+                if len(pending) >= window:
+                    example, future = pending.popleft()
+                    yield example, future.result()
+            while pending:
+                example, future = pending.popleft()
+                yield example, future.result()
+
+    def features(self, examples: list[Example]) -> list[dict[str, torch.Tensor]]:
+        return [features for _, features in self.stream(examples)]
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class VllmFeatureSource:
+    """Online features for training: per-sample tensors as the shards hold them (after
+    `read_window`): input_ids long [T], loss_mask bool [T], aux_hidden_states float32 [T, 3H],
+    final_hidden_states float32 [T, H], plus sample_id."""
+
+    def __init__(self, target: TargetConfig, settings: HiddenStatesConfig):
+        self.backend = VllmBackend(target, settings)
+
+    def batches(self, examples: Iterable[Example]) -> Iterator[dict]:
+        for example, features in self.backend.stream(examples):
+            yield {
+                "sample_id": example.sample_id,
+                "input_ids": torch.tensor(example.input_ids, dtype=torch.long),
+                "loss_mask": torch.tensor(example.loss_mask, dtype=torch.bool),
+                **features,
+            }
+
+    def close(self) -> None:
+        self.backend.close()

@@ -1,0 +1,120 @@
+"""The vllm backend against a real vLLM CPU server (extract_hidden_states + eaglet's CPU-safe
+connector): its states equal the hf backend's at the same layer ids within fp32 tolerance,
+which proves the layer-id convention (id i = HF hidden_states[i]) and the post-norm final
+state; the stage writes the same shards through either backend."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from eaglet.hidden_states.hf import HFBackend
+from eaglet.hidden_states.shards import read_window
+from eaglet.hidden_states.stage import stage_body
+from eaglet.hidden_states.vllm import VllmBackend, VllmFeatureSource, server_args
+from eaglet.target import load_config
+from tests.hidden_states_helpers import config_for, write_examples
+from tests.vllm_server import ROOT, vllm_python, vllm_server
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(vllm_python() is None, reason="no vLLM venv (make vllm-venv)"),
+]
+
+
+@pytest.fixture(scope="module")
+def served(fixture_model_dir, tmp_path_factory):
+    """A vLLM server extracting the aux layers (2, 4, 5) and the last layer of the fixture."""
+    folder = tmp_path_factory.mktemp("vllm-hs")
+    storage = folder / "connector"
+    storage.mkdir()
+    config = config_for(folder / "work", fixture_model_dir, aux_layer_ids=[2, 4, 5])
+    num_layers = load_config(config.target).num_hidden_layers
+    args = server_args([2, 4, 5], num_layers, str(storage), cpu=True)
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(ROOT) + (os.pathsep + old if old else "")
+    try:
+        with vllm_server(fixture_model_dir, folder / "vllm.log", extra_args=args) as url:
+            yield (
+                config.model_copy(
+                    update={
+                        "hidden_states": config.hidden_states.model_copy(
+                            update={"endpoints": [url], "backend": "vllm", "concurrency": 4}
+                        )
+                    }
+                ),
+                storage,
+            )
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+def test_vllm_states_equal_hf_at_the_same_layer_ids(served, tmp_path):
+    config, storage = served
+    examples = write_examples(tmp_path / "examples.jsonl", 6, seed=4, max_len=80)
+    for example in examples:  # the fixture's vocabulary is larger; keep ids in range
+        assert max(example.input_ids) < 2042
+    vllm = VllmBackend(config.target, config.hidden_states)
+    hf = HFBackend(config.target, [2, 4, 5])
+    got = vllm.features(examples)
+    expected = hf.features(examples)
+    for g, e in zip(got, expected, strict=True):
+        for key in ("aux_hidden_states", "final_hidden_states"):
+            assert g[key].shape == e[key].shape
+            torch.testing.assert_close(g[key], e[key], rtol=1e-4, atol=1e-4)
+    assert not list(storage.iterdir())  # every connector file read and deleted
+    vllm.close()
+
+
+def test_stage_through_vllm_writes_the_shards_hf_writes(served, tmp_path):
+    config, _ = served
+    examples_path = tmp_path / "examples.jsonl"
+    write_examples(examples_path, 20, seed=5, max_len=80)
+    vllm_config = config.model_copy(
+        update={"hidden_states": config.hidden_states.model_copy(update={"shard_tokens": 256})}
+    )
+    hf_config = config.model_copy(
+        update={"hidden_states": vllm_config.hidden_states.model_copy(update={"backend": "hf"})}
+    )
+    outputs = {}
+    for name, cfg in (("vllm", vllm_config), ("hf", hf_config)):
+        folder = tmp_path / name
+        folder.mkdir()
+        outputs[name] = stage_body(cfg, examples_path, report=lambda _: None)(folder)
+    assert outputs["vllm"].info["shards"] == outputs["hf"].info["shards"]
+    index = (tmp_path / "hf" / "index.jsonl").read_text()
+    assert (tmp_path / "vllm" / "index.jsonl").read_text() == index
+    for row in map(json.loads, index.splitlines()):
+        windows = []
+        for name in ("vllm", "hf"):
+            with safe_open(str(tmp_path / name / row["shard"]), framework="pt") as f:
+                windows.append(read_window(f, row["offset"], row["length"]))
+        for key, value in windows[1].items():
+            if value.is_floating_point():
+                # int8 storage of the same float states: equal within one quantization step
+                torch.testing.assert_close(windows[0][key], value, rtol=0.0, atol=0.05)
+            else:
+                assert torch.equal(windows[0][key], value)
+
+
+def test_feature_source_streams_samples_as_the_shards_hold_them(served, tmp_path):
+    config, _ = served
+    examples = write_examples(tmp_path / "examples.jsonl", 5, seed=6)
+    source = VllmFeatureSource(config.target, config.hidden_states)
+    items = list(source.batches(iter(examples)))
+    source.close()
+    assert [i["sample_id"] for i in items] == [e.sample_id for e in examples]
+    H = 128
+    for item, example in zip(items, examples, strict=True):
+        n = len(example.input_ids)
+        assert item["input_ids"].dtype == torch.long and item["input_ids"].shape == (n,)
+        assert item["loss_mask"].dtype == torch.bool
+        assert item["aux_hidden_states"].shape == (n, 3 * H)
+        assert item["final_hidden_states"].dtype == torch.float32
