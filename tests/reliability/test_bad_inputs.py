@@ -519,3 +519,18 @@ def test_manifests_name_their_folder_relative_to_the_work_dir(tmp_path):
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     moved = rerun(tmp_path / "b")  # the copy is complete and verified where it is
     assert stage_dir(tmp_path / "b", moved) == tmp_path / "b" / "generate" / "k1"
+
+
+def test_a_failed_run_says_finished_stages_are_kept_only_when_one_finished(tmp_path):
+    import argparse
+    import time
+
+    from eaglet.cli import _after_failure
+
+    config = load_config(None, [f"work_dir={tmp_path}"])
+    args = argparse.Namespace(loaded_config=config, run_started=time.time() - 5)
+    assert _after_failure(args).startswith("no stage finished")
+    run = {"stages": {"download": {"state": "Completed"}, "tokenize": {"state": "Failed"}}}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    assert _after_failure(args).startswith("finished stages are kept (download)")
+    assert _after_failure(argparse.Namespace()).startswith("no stage ran")
