@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from eaglet.errors import is_transient_status
 from eaglet.progress import Throttle
 from eaglet.records.generations import Generation
-from eaglet.records.io import Record, record_line, repair_and_read_ids
+from eaglet.records.io import Record, record_line, repair_and_read_ids, repair_jsonl
 from eaglet.records.prompts import Prompt
 
 T = TypeVar("T")
@@ -104,6 +104,8 @@ class GenerationSummary:
     failure_examples: list[Failure] = field(default_factory=list)  # the first few
     out_path: str = ""
     failed_path: str = ""
+    # Unreadable lines moved from the output file to <name>.rejected-lines.jsonl at the start.
+    set_aside_lines: int = 0
 
     @property
     def done(self) -> int:
@@ -141,6 +143,7 @@ class GenerationSummary:
             "finish_reasons": dict(self.finish_reasons),
             "retried_failures": self.retried_failures,
             "stopped_early": self.stopped_early,
+            "set_aside_lines": self.set_aside_lines,
         }
 
 
@@ -237,7 +240,8 @@ async def run_generation(
     """
     out_path, failed_path = Path(out_path), Path(failed_path)
     started = time.monotonic()
-    done_ids = repair_and_read_ids(out_path)
+    repair = repair_jsonl(out_path)  # unreadable lines set aside, never dropped
+    done_ids = repair.ids
     previous_failures = read_failed_ids(failed_path)
     unique: dict[str, Prompt] = {}
     for prompt in prompts:
@@ -255,6 +259,7 @@ async def run_generation(
         retried_failures=len(previous_failures - done_ids),
         out_path=str(out_path),
         failed_path=str(failed_path),
+        set_aside_lines=len(repair.set_aside),
     )
     reporter = _ProgressReporter(progress)
 

@@ -226,7 +226,7 @@ def test_a_bad_line_in_the_middle_is_set_aside_and_every_later_record_kept(fake,
     summary = run_generation_sync(engine(fake.url), prompts, out, failed)
     # Only the sample whose line was damaged is generated again: nine records survived.
     assert sample_ids_sent(fake, prompts, since=sent_before) == [victim]
-    assert summary.already_done == 9
+    assert summary.already_done == 9 and summary.set_aside_lines == 3
     assert Counter(written_ids(out)) == Counter(p.sample_id for p in prompts)
     rejected = [json.loads(x) for x in (tmp_path / "generations.rejected-lines.jsonl").open()]
     assert [r["line"] for r in rejected] == [4, 7, 8]
