@@ -349,8 +349,17 @@ class TrainConfig(_Strict):
     hidden_states: Literal["offline", "online"] = Field(
         "offline",
         description="offline = train on the feature shards the hidden_states stage stored; "
-        "online = skip storing them: the target runs in the training process and computes "
-        "each batch's features as training goes (no disk, more compute per epoch).",
+        "online = skip storing them: the target computes each batch's features as training "
+        "goes (no disk, more compute per epoch), in the training process when "
+        "hidden_states.backend is hf, on the vLLM servers when it is vllm.",
+    )
+    online_prefetch: int = Field(
+        4,
+        ge=0,
+        le=1024,
+        description="Online with hidden_states.backend=vllm: micro-batches of features fetched "
+        "ahead of the trainer (a bounded queue; the fetching waits when it is full). 0 = fetch "
+        "each when the trainer needs it.",
     )
 
 

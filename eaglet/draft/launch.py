@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eaglet.config import PipelineConfig, TargetConfig, TrainConfig
-from eaglet.draft.online import OnlineData
+from eaglet.config import HiddenStatesConfig, PipelineConfig, TargetConfig, TrainConfig
+from eaglet.draft.online import OnlineData, Served
 from eaglet.draft.train import train_draft
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids
 from eaglet.hidden_states.shards import read_index
@@ -47,6 +47,7 @@ def train_job(
     hidden_states_dir: Path | None = None,
     examples_path: Path | None = None,
     resume: bool = True,
+    hidden_states: HiddenStatesConfig | None = None,
 ) -> dict[str, Any]:
     """The job as plain JSON data: offline with `hidden_states_dir`, online with
     `examples_path`."""
@@ -62,6 +63,7 @@ def train_job(
         "hidden_states_dir": str(hidden_states_dir) if hidden_states_dir else None,
         "examples_path": str(examples_path) if examples_path else None,
         "resume": resume,
+        "hidden_states": (hidden_states or HiddenStatesConfig()).model_dump(),  # online source
     }
 
 
@@ -94,6 +96,7 @@ def pipeline_job(
         exclude_sample_ids=heldout_ids(ids, fraction),
         hidden_states_dir=features_dir,
         examples_path=examples_path,
+        hidden_states=config.hidden_states,
     )
 
 
@@ -136,8 +139,16 @@ def run_job(job: dict[str, Any], progress: Callable[[dict], None] | None = None)
     exclude = frozenset(job["exclude_sample_ids"])
     data: Any = job["hidden_states_dir"]
     if job["examples_path"]:
+        settings = HiddenStatesConfig.model_validate(job["hidden_states"])
+        served = settings.backend == "vllm"
         data = OnlineData(
-            Path(job["examples_path"]), target, job["aux_layer_ids"], exclude, train.max_seq_len
+            Path(job["examples_path"]),
+            target,
+            job["aux_layer_ids"],
+            exclude,
+            train.max_seq_len,
+            source=Served(target, settings) if served else None,  # None: co-located
+            prefetch=train.online_prefetch if served else 0,
         )
     return train_draft(
         data,

@@ -30,7 +30,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -327,7 +327,7 @@ class Run:
     schedule, and where the run stands (`step`)."""
 
     config: TrainConfig
-    data: Any  # HiddenStatesData, or a dataset with add_features (eaglet/draft/online.py)
+    data: Any  # HiddenStatesData, or OnlineData (eaglet/draft/online.py) with batch_items
     out_dir: Path
     aux_layer_ids: list[int]
     aux_layer_convention: str
@@ -473,16 +473,35 @@ def setup(
     )
 
 
-def _load_pieces(run: Run, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+def micro_batches(run: Run, indices: list[int]) -> list[list[int]]:
     """This process's share of a global batch (rows rank, rank + world, ...), split into
-    `grad_accumulation` micro-batches, on the device, with the target's in-vocab flags."""
+    `grad_accumulation` micro-batches."""
     share = indices[run.rank :: run.world]
     size = max(1, math.ceil(len(share) / run.config.grad_accumulation))
+    return [share[first : first + size] for first in range(0, len(share), size)]
+
+
+def plan(run: Run) -> Iterator[list[int]]:
+    """Every micro-batch this process will read, in order, from `run.step` to the end: what an
+    online data source prefetches features for."""
+    order, order_epoch = [], -1
+    for step in range(run.step, run.stop_at):
+        epoch, index = divmod(step, run.steps_per_epoch)
+        if epoch != order_epoch:
+            c = run.config
+            order, order_epoch = epoch_batches(len(run.data), c.batch_size, c.seed, epoch), epoch
+        yield from micro_batches(run, order[index])
+
+
+def _load_pieces(run: Run, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+    """This process's micro-batches of a global batch, on the device, with the target's
+    in-vocab flags; an online source computes (or hands over prefetched) features here."""
     pieces = []
-    for first in range(0, len(share), size):
-        items = [run.data[j] for j in share[first : first + size]]
-        if hasattr(run.data, "add_features"):  # online: the target computes them now
-            items = run.data.add_features(items)
+    for chunk in micro_batches(run, indices):
+        if hasattr(run.data, "batch_items"):  # online: features from the target, now
+            items = run.data.batch_items(chunk)
+        else:
+            items = [run.data[j] for j in chunk]
         batch = {k: v.to(run.device) for k, v in collate(items).items()}
         batch["in_vocab"] = target_in_vocab(batch["final_hidden_states"], run.lm_head, run.t2d)
         pieces.append(batch)
@@ -697,6 +716,12 @@ def train_draft(
     if isinstance(hidden_states, str | Path):
         data = HiddenStatesData(Path(hidden_states), exclude_sample_ids, config.max_seq_len)
     run = setup(data, target, out_dir, config, aux_layer_ids, aux_layer_convention, resume)
-    train_loop(run, progress)
+    if hasattr(data, "start_prefetch"):  # a served online source streams features ahead
+        data.start_prefetch(plan(run))
+    try:
+        train_loop(run, progress)
+    finally:
+        if hasattr(data, "stop_prefetch"):
+            data.stop_prefetch()
     _barrier(run.world)  # the last checkpoint is in place before any process returns
     return summarize(run)
