@@ -20,7 +20,13 @@ from typing import Any
 
 from eaglet.config import ReasoningConfig
 from eaglet.errors import PermanentError
-from eaglet.reasoning import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ReasoningFormat, ReasoningSplit
+from eaglet.reasoning import (
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    ReasoningFormat,
+    ReasoningSplit,
+    ToolCallSyntax,
+)
 from eaglet.records.examples import Example
 from eaglet.records.generations import Generation
 from eaglet.records.io import read_jsonl, record_line
@@ -48,9 +54,14 @@ def parse_tool_calls(content: str) -> tuple[str, list[dict[str, Any]]]:
     return TOOL_CALL.sub("", content).strip(), calls
 
 
-def tool_call_from_part(text: str, recipient: str | None) -> dict[str, Any]:
+def tool_call_from_part(
+    text: str, recipient: str | None, syntax: ToolCallSyntax | None = None
+) -> dict[str, Any]:
     """One call from a `tool_call` part's text: a harmony body addressed to `recipient`
-    (`functions.NAME`), or a `<tool_call>{json}</tool_call>` block."""
+    (`functions.NAME`), a call in the format's special-token `syntax` (DeepSeek, Kimi-K2),
+    or a `<tool_call>{json}</tool_call>` block."""
+    if recipient is None and syntax is not None:
+        return syntax.parse(text)
     if recipient is not None:
         name = recipient.removeprefix("functions.")
         try:
@@ -133,8 +144,9 @@ def _build_example(
     assert split.all_ids() == generation.output_ids, "split must reproduce the output ids"
     separator = reasoning_format.part_separator
     reasoning = _parts_text(split, "reasoning", tokenizer, separator)
+    syntax = reasoning_format.tool_syntax()
     tool_calls = [
-        tool_call_from_part(tokenizer.decode(part.ids), part.recipient)
+        tool_call_from_part(tokenizer.decode(part.ids), part.recipient, syntax)
         for part in split.of_kind("tool_call")
     ]
     # Where the tags are not single tokens, the calls are still in the answer text.
@@ -474,6 +486,7 @@ _SPAN_STYLE = {
     "think_close": ("trained:tag", "35"),
     "content": ("trained:answer", "32"),
     "tool_call": ("trained:tool_call", "34"),
+    "tool_section": ("trained:tag", "35"),
     "header": ("trained:header", "35"),
     "message_end": ("trained:tag", "35"),
     "end": ("trained:end", "33"),

@@ -10,6 +10,7 @@ format's own markers apart. `detect_format` picks the format from the tokenizer 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,25 @@ THINK_CLOSE = "</think>"
 # reasoning. Qwen tokenizers hold the tags as single tokens; others spell them in text pieces.
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+
+# DeepSeek (V3/R1, V3.1+, V4) and Kimi-K2 write tool calls between special tokens, from their
+# chat templates and tokenizer configs: a section holds one or more calls.
+# DeepSeek-V3/R1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+#   ```json\nARGS\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>; V3.1 and later drop the type and the
+#   code fence: <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>.
+DEEPSEEK_TOOL_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
+DEEPSEEK_TOOL_CALLS_END = "<｜tool▁calls▁end｜>"
+DEEPSEEK_TOOL_CALL_BEGIN = "<｜tool▁call▁begin｜>"
+DEEPSEEK_TOOL_CALL_END = "<｜tool▁call▁end｜>"
+DEEPSEEK_TOOL_SEP = "<｜tool▁sep｜>"
+# Kimi-K2: <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX
+#   <|tool_call_argument_begin|>ARGS<|tool_call_end|><|tool_calls_section_end|>
+KIMI_TOOL_CALLS_BEGIN = "<|tool_calls_section_begin|>"
+KIMI_TOOL_CALLS_END = "<|tool_calls_section_end|>"
+KIMI_TOOL_CALL_BEGIN = "<|tool_call_begin|>"
+KIMI_TOOL_CALL_END = "<|tool_call_end|>"
+KIMI_TOOL_ARGUMENT_BEGIN = "<|tool_call_argument_begin|>"
+_JSON_FENCE = re.compile(r"```(?:json)?\s*(.*?)\s*```", re.DOTALL)
 
 # OpenAI harmony (gpt-oss), from the harmony format guide: a message is
 # `<|start|>{header}<|message|>{body}<|end|>`; the header holds the role, `<|channel|>` and the
@@ -99,6 +119,146 @@ def _answer_parts(
     return parts + _parts(("content", ids[position:])), []
 
 
+def _loads_call(name: str, arguments: str) -> dict[str, Any]:
+    try:
+        return {"name": name, "arguments": json.loads(arguments)}
+    except json.JSONDecodeError:
+        return {"name": name, "unparsed": arguments}
+
+
+class ToolCallSyntax:
+    """Base: how a target marks tool calls in its answer with special tokens. `split` cuts
+    answer ids into parts (each call a `tool_call` part, its own markers included); `parse`
+    reads one call from the text of a `tool_call` part (special tokens kept)."""
+
+    name: ClassVar[str]
+    part_kinds: ClassVar[tuple[str, ...]]
+
+    def split(self, ids: list[int]) -> tuple[list[Part], list[str]]:
+        raise NotImplementedError
+
+    def parse(self, text: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class HermesToolCalls(ToolCallSyntax):
+    """Hermes/Qwen: `<tool_call>{"name": ..., "arguments": ...}</tool_call>`, one per call."""
+
+    open_id: int
+    close_id: int
+    name: ClassVar[str] = "hermes"
+    part_kinds: ClassVar[tuple[str, ...]] = ("content", "tool_call")
+
+    def split(self, ids: list[int]) -> tuple[list[Part], list[str]]:
+        return _answer_parts(ids, self.open_id, self.close_id)
+
+    def parse(self, text: str) -> dict[str, Any]:
+        inner = text.strip().removeprefix(TOOL_CALL_OPEN).removesuffix(TOOL_CALL_CLOSE).strip()
+        try:
+            return json.loads(inner)
+        except json.JSONDecodeError:
+            return {"unparsed": inner}
+
+
+@dataclass(frozen=True)
+class _SectionToolCalls(ToolCallSyntax):
+    """Calls inside a section: `SECTION_BEGIN (CALL_BEGIN ... CALL_END)+ SECTION_END`. The
+    section markers are `tool_section` parts, each call a `tool_call` part; a call or section
+    the output cuts off runs to the end and is flagged."""
+
+    section_open_id: int
+    section_close_id: int
+    call_open_id: int
+    call_close_id: int
+    part_kinds: ClassVar[tuple[str, ...]] = ("content", "tool_section", "tool_call")
+
+    def split(self, ids: list[int]) -> tuple[list[Part], list[str]]:
+        parts: list[Part] = []
+        flags: list[str] = []
+        position = 0
+        in_section = False
+        while position < len(ids):
+            token = ids[position]
+            if token == self.call_open_id:
+                close = _index(ids, self.call_close_id, position + 1)
+                if close is None:
+                    parts.append(Part("tool_call", ids[position:]))
+                    return parts, [*flags, "tool_call_not_closed"]
+                parts.append(Part("tool_call", ids[position : close + 1]))
+                position = close + 1
+                continue
+            if token in (self.section_open_id, self.section_close_id):
+                in_section = token == self.section_open_id
+                parts.append(Part("tool_section", [token]))
+                position += 1
+                continue
+            stop = position
+            markers = (self.call_open_id, self.section_open_id, self.section_close_id)
+            while stop < len(ids) and ids[stop] not in markers:
+                stop += 1
+            # Text between the calls of a section (DeepSeek puts a newline there) is the
+            # section's; outside a section it is the answer.
+            parts.append(Part("tool_section" if in_section else "content", ids[position:stop]))
+            position = stop
+        if in_section:
+            flags.append("tool_section_not_closed")
+        return _merged(parts), flags
+
+
+def _merged(parts: list[Part]) -> list[Part]:
+    """Adjacent answer text joined (separate tool calls and section pieces stay apart)."""
+    out: list[Part] = []
+    for part in parts:
+        if out and part.kind == out[-1].kind == "content":
+            out[-1] = Part("content", out[-1].ids + part.ids)
+        else:
+            out.append(part)
+    return out
+
+
+@dataclass(frozen=True)
+class DeepSeekToolCalls(_SectionToolCalls):
+    """DeepSeek-V3/R1 (`function<｜tool▁sep｜>NAME` and a ```json block) and V3.1+/V4
+    (`NAME<｜tool▁sep｜>ARGS`)."""
+
+    name: ClassVar[str] = "deepseek"
+
+    def parse(self, text: str) -> dict[str, Any]:
+        body = text.strip().removeprefix(DEEPSEEK_TOOL_CALL_BEGIN)
+        body = body.removesuffix(DEEPSEEK_TOOL_CALL_END)
+        head, sep, rest = body.partition(DEEPSEEK_TOOL_SEP)
+        if not sep:
+            return {"unparsed": body}
+        if head.strip() == "function":  # V3/R1: the name, a newline, the fenced arguments
+            name, _, arguments = rest.partition("\n")
+            fenced = _JSON_FENCE.search(arguments)
+            return _loads_call(name.strip(), fenced.group(1) if fenced else arguments.strip())
+        return _loads_call(head.strip(), rest.strip())
+
+
+@dataclass(frozen=True)
+class KimiToolCalls(_SectionToolCalls):
+    """Kimi-K2: `functions.NAME:IDX<|tool_call_argument_begin|>ARGS` in each call."""
+
+    name: ClassVar[str] = "kimi"
+
+    def parse(self, text: str) -> dict[str, Any]:
+        body = text.strip().removeprefix(KIMI_TOOL_CALL_BEGIN).removesuffix(KIMI_TOOL_CALL_END)
+        call_id, sep, arguments = body.partition(KIMI_TOOL_ARGUMENT_BEGIN)
+        if not sep:
+            return {"unparsed": body}
+        name = call_id.strip().removeprefix("functions.").rsplit(":", 1)[0]
+        return _loads_call(name, arguments.strip())
+
+
+TOOL_CALL_SYNTAXES: tuple[type[ToolCallSyntax], ...] = (
+    HermesToolCalls,
+    DeepSeekToolCalls,
+    KimiToolCalls,
+)
+
+
 class ReasoningFormat:
     """Base: a format names itself and splits output ids into parts."""
 
@@ -111,6 +271,22 @@ class ReasoningFormat:
     def split(self, output_ids: list[int], end_ids: set[int]) -> ReasoningSplit:
         raise NotImplementedError
 
+    def tool_syntax(self) -> ToolCallSyntax | None:
+        """How this target's answers mark tool calls in special tokens (None: not at all, or
+        in a form the split does not read from ids)."""
+        tool_calls = getattr(self, "tool_calls", None)
+        if tool_calls is not None:
+            return tool_calls
+        open_id = getattr(self, "tool_call_open_id", None)
+        close_id = getattr(self, "tool_call_close_id", None)
+        if open_id is None or close_id is None:
+            return None
+        return HermesToolCalls(open_id, close_id)
+
+    def _answer(self, ids: list[int]) -> tuple[list[Part], list[str]]:
+        syntax = self.tool_syntax()
+        return syntax.split(ids) if syntax is not None else (_parts(("content", ids)), [])
+
 
 @dataclass(frozen=True)
 class ThinkOpenInPrompt(ReasoningFormat):
@@ -121,11 +297,13 @@ class ThinkOpenInPrompt(ReasoningFormat):
     close_id: int
     tool_call_open_id: int | None = None
     tool_call_close_id: int | None = None
+    tool_calls: ToolCallSyntax | None = None  # a special-token syntax (DeepSeek, Kimi-K2)
     name: ClassVar[str] = "think_open_in_prompt"
     part_kinds: ClassVar[tuple[str, ...]] = (
         "reasoning",
         "think_close",
         "content",
+        "tool_section",
         "tool_call",
         "end",
     )
@@ -135,9 +313,7 @@ class ThinkOpenInPrompt(ReasoningFormat):
         cut = _index(body, self.close_id)
         if cut is None:
             return ReasoningSplit(_parts(("reasoning", body), ("end", end)), False)
-        answer, flags = _answer_parts(
-            body[cut + 1 :], self.tool_call_open_id, self.tool_call_close_id
-        )
+        answer, flags = self._answer(body[cut + 1 :])
         parts = [
             *_parts(("reasoning", body[:cut]), ("think_close", body[cut : cut + 1])),
             *answer,
@@ -155,21 +331,22 @@ class ThinkInOutput(ReasoningFormat):
     close_id: int
     tool_call_open_id: int | None = None
     tool_call_close_id: int | None = None
+    tool_calls: ToolCallSyntax | None = None
     name: ClassVar[str] = "think_in_output"
     part_kinds: ClassVar[tuple[str, ...]] = (
         "think_open",
         "reasoning",
         "think_close",
         "content",
+        "tool_section",
         "tool_call",
         "end",
     )
 
     def split(self, output_ids: list[int], end_ids: set[int]) -> ReasoningSplit:
         body, end = _split_end(output_ids, end_ids)
-        tools = (self.tool_call_open_id, self.tool_call_close_id)
         if self.open_id not in body[:4]:
-            answer, flags = _answer_parts(body, *tools)
+            answer, flags = self._answer(body)
             return ReasoningSplit([*answer, *_parts(("end", end))], True, ["no_think", *flags])
         start = body.index(self.open_id)
         lead, rest = body[: start + 1], body[start + 1 :]
@@ -178,7 +355,7 @@ class ThinkInOutput(ReasoningFormat):
             return ReasoningSplit(
                 _parts(("think_open", lead), ("reasoning", rest), ("end", end)), False
             )
-        answer, flags = _answer_parts(rest[cut + 1 :], *tools)
+        answer, flags = self._answer(rest[cut + 1 :])
         parts = [
             *_parts(
                 ("think_open", lead),
@@ -197,13 +374,14 @@ class NoReasoning(ReasoningFormat):
 
     tool_call_open_id: int | None = None
     tool_call_close_id: int | None = None
+    tool_calls: ToolCallSyntax | None = None
     name: ClassVar[str] = "none"
     reasons: ClassVar[bool] = False
-    part_kinds: ClassVar[tuple[str, ...]] = ("content", "tool_call", "end")
+    part_kinds: ClassVar[tuple[str, ...]] = ("content", "tool_section", "tool_call", "end")
 
     def split(self, output_ids: list[int], end_ids: set[int]) -> ReasoningSplit:
         body, end = _split_end(output_ids, end_ids)
-        answer, flags = _answer_parts(body, self.tool_call_open_id, self.tool_call_close_id)
+        answer, flags = self._answer(body)
         return ReasoningSplit([*answer, *_parts(("end", end))], True, flags)
 
 
@@ -320,6 +498,31 @@ def _single_token_id(tokenizer, text: str) -> int | None:
     return ids[0] if len(ids) == 1 else None
 
 
+def special_tool_syntax(tokenizer) -> ToolCallSyntax | None:
+    """DeepSeek's or Kimi-K2's tool-call syntax when its four markers are single tokens of
+    the tokenizer; None otherwise (Hermes `<tool_call>` tags are read by the formats)."""
+    candidates: tuple[tuple[type[_SectionToolCalls], tuple[str, ...]], ...] = (
+        (
+            DeepSeekToolCalls,
+            (
+                DEEPSEEK_TOOL_CALLS_BEGIN,
+                DEEPSEEK_TOOL_CALLS_END,
+                DEEPSEEK_TOOL_CALL_BEGIN,
+                DEEPSEEK_TOOL_CALL_END,
+            ),
+        ),
+        (
+            KimiToolCalls,
+            (KIMI_TOOL_CALLS_BEGIN, KIMI_TOOL_CALLS_END, KIMI_TOOL_CALL_BEGIN, KIMI_TOOL_CALL_END),
+        ),
+    )
+    for cls, markers in candidates:
+        ids = [_single_token_id(tokenizer, marker) for marker in markers]
+        if all(i is not None for i in ids):
+            return cls(*ids)
+    return None
+
+
 def _harmony_format(tokenizer) -> Harmony | None:
     """The harmony format when all its markers are single tokens of the tokenizer."""
     markers = (HARMONY_START, HARMONY_CHANNEL, HARMONY_MESSAGE, HARMONY_END)
@@ -348,9 +551,10 @@ def detect_format(
         _single_token_id(tokenizer, TOOL_CALL_OPEN),
         _single_token_id(tokenizer, TOOL_CALL_CLOSE),
     )
+    special = special_tool_syntax(tokenizer)
     has_tags = open_id is not None and close_id is not None
     if requested == "none":
-        return NoReasoning(*tools)
+        return NoReasoning(*tools, tool_calls=special)
     if requested == "harmony":
         harmony = _harmony_format(tokenizer)
         if harmony is None:
@@ -366,12 +570,12 @@ def detect_format(
             "tokens of the target's tokenizer; they are not"
         )
     if requested == "think_open_in_prompt":
-        return ThinkOpenInPrompt(open_id, close_id, *tools)
+        return ThinkOpenInPrompt(open_id, close_id, *tools, tool_calls=special)
     if requested == "think_in_output":
-        return ThinkInOutput(open_id, close_id, *tools)
+        return ThinkInOutput(open_id, close_id, *tools, tool_calls=special)
     harmony = _harmony_format(tokenizer)
     if not has_tags and harmony is None:
-        return NoReasoning(*tools)
+        return NoReasoning(*tools, tool_calls=special)
     probe = tokenizer.apply_chat_template(
         [{"role": "user", "content": "hi"}],
         add_generation_prompt=True,
@@ -381,9 +585,9 @@ def detect_format(
     if harmony is not None and probe.endswith(HARMONY_ASSISTANT_PROMPT_END):
         return harmony
     if not has_tags:
-        return NoReasoning(*tools)
+        return NoReasoning(*tools, tool_calls=special)
     if probe.endswith(THINK_OPEN):
-        return ThinkOpenInPrompt(open_id, close_id, *tools)
+        return ThinkOpenInPrompt(open_id, close_id, *tools, tool_calls=special)
     if probe.endswith(THINK_CLOSE):  # thinking switched off: an empty block injected
-        return NoReasoning(*tools)
-    return ThinkInOutput(open_id, close_id, *tools)
+        return NoReasoning(*tools, tool_calls=special)
+    return ThinkInOutput(open_id, close_id, *tools, tool_calls=special)

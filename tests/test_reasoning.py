@@ -6,7 +6,11 @@ from hypothesis import strategies as st
 
 from eaglet.reasoning import (
     FORMATS,
+    TOOL_CALL_SYNTAXES,
+    DeepSeekToolCalls,
     Harmony,
+    HermesToolCalls,
+    KimiToolCalls,
     NoReasoning,
     ReasoningFormat,
     ThinkInOutput,
@@ -16,6 +20,9 @@ from eaglet.reasoning import (
 
 OPEN, CLOSE, END = 5, 6, 7
 TOOL_OPEN, TOOL_CLOSE = 8, 9
+SECTION_OPEN, SECTION_CLOSE = 10, 11  # DeepSeek/Kimi: calls (8 ... 9) inside a section
+DEEPSEEK = DeepSeekToolCalls(SECTION_OPEN, SECTION_CLOSE, TOOL_OPEN, TOOL_CLOSE)
+KIMI = KimiToolCalls(SECTION_OPEN, SECTION_CLOSE, TOOL_OPEN, TOOL_CLOSE)
 END_IDS = {END}
 token_lists = st.lists(st.integers(min_value=0, max_value=12), max_size=60)
 
@@ -59,12 +66,20 @@ EVERY_FORMAT = (
     ThinkInOutput(OPEN, CLOSE, TOOL_OPEN, TOOL_CLOSE),
     NoReasoning(),
     NoReasoning(TOOL_OPEN, TOOL_CLOSE),
+    ThinkOpenInPrompt(OPEN, CLOSE, tool_calls=DEEPSEEK),
+    ThinkInOutput(OPEN, CLOSE, tool_calls=KIMI),
+    NoReasoning(tool_calls=DEEPSEEK),
+    ThinkOpenInPrompt(OPEN, CLOSE, tool_calls=KIMI),
 )
 
 
 def test_every_format_class_is_covered_by_the_property_tests():
     covered = {type(f) for f in EVERY_FORMAT} | {Harmony}
     assert covered == set(FORMATS) == set(ReasoningFormat.__subclasses__())
+    syntaxes = {type(f.tool_syntax()) for f in EVERY_FORMAT if f.tool_syntax() is not None}
+    assert (
+        syntaxes == set(TOOL_CALL_SYNTAXES) == {HermesToolCalls, DeepSeekToolCalls, KimiToolCalls}
+    )
 
 
 @given(token_lists)
@@ -74,6 +89,16 @@ def test_every_format_splits_into_parts_that_concatenate_back(output_ids):
         assert split.all_ids() == output_ids
         assert {part.kind for part in split.parts} <= set(reasoning_format.part_kinds)
         assert all(part.ids for part in split.parts)
+        syntax = reasoning_format.tool_syntax()
+        if syntax is not None:
+            assert {p.kind for p in split.parts} - {
+                "reasoning",
+                "think_open",
+                "think_close",
+                "end",
+            } <= set(syntax.part_kinds)
+            for part in split.of_kind("tool_call"):  # a call starts with its own marker
+                assert part.ids[0] == TOOL_OPEN
 
 
 @given(harmony_lists, st.sampled_from([HARMONY_END_IDS, set()]))
@@ -248,3 +273,50 @@ def test_detect_format_finds_harmony_from_its_tokens_and_prompt_end():
 def test_detect_format_refuses_harmony_when_its_markers_are_not_single_tokens():
     with pytest.raises(ValueError, match="harmony"):
         detect_format(_VocabTokenizer({}, ""), "harmony")
+
+
+def test_deepseek_and_kimi_calls_are_parts_inside_their_section_markers():
+    # reasoning </think> text <section> <call> a b </call> <call> c </call> </section> <end>
+    output = [1, CLOSE, 2, SECTION_OPEN, TOOL_OPEN, 3, 4, TOOL_CLOSE, TOOL_OPEN, 12, TOOL_CLOSE]
+    output += [SECTION_CLOSE, END]
+    for syntax in (DEEPSEEK, KIMI):
+        split = ThinkOpenInPrompt(OPEN, CLOSE, tool_calls=syntax).split(output, END_IDS)
+        assert [(p.kind, p.ids) for p in split.parts] == [
+            ("reasoning", [1]),
+            ("think_close", [CLOSE]),
+            ("content", [2]),
+            ("tool_section", [SECTION_OPEN]),
+            ("tool_call", [TOOL_OPEN, 3, 4, TOOL_CLOSE]),
+            ("tool_call", [TOOL_OPEN, 12, TOOL_CLOSE]),
+            ("tool_section", [SECTION_CLOSE]),
+            ("end", [END]),
+        ]
+        assert split.flags == []
+
+
+def test_a_cut_off_section_call_runs_to_the_end_and_is_flagged():
+    split = NoReasoning(tool_calls=KIMI).split([SECTION_OPEN, TOOL_OPEN, 3, 4], END_IDS)
+    assert split.of_kind("tool_call")[0].ids == [TOOL_OPEN, 3, 4]
+    assert "tool_call_not_closed" in split.flags
+    split = NoReasoning(tool_calls=KIMI).split([SECTION_OPEN, TOOL_OPEN, 3, TOOL_CLOSE], END_IDS)
+    assert split.flags == ["tool_section_not_closed"]
+
+
+def test_deepseek_call_texts_parse_in_both_generations_of_the_format():
+    v3 = (
+        "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+        '{"city": "Paris"}\n```<｜tool▁call▁end｜>'
+    )
+    v31 = '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜>'
+    expected = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    assert DEEPSEEK.parse(v3) == expected and DEEPSEEK.parse(v31) == expected
+    bad = "<｜tool▁call▁begin｜>f<｜tool▁sep｜>{not json<｜tool▁call▁end｜>"
+    assert DEEPSEEK.parse(bad) == {"name": "f", "unparsed": "{not json"}
+
+
+def test_kimi_call_text_parses_name_and_arguments():
+    text = (
+        "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+        '{"city": "Paris"}<|tool_call_end|>'
+    )
+    assert KIMI.parse(text) == {"name": "get_weather", "arguments": {"city": "Paris"}}

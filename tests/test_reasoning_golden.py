@@ -26,7 +26,14 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from eaglet.extract import build_example, render_loss_mask, template_mismatch
-from eaglet.reasoning import Harmony, NoReasoning, ThinkInOutput, ThinkOpenInPrompt, detect_format
+from eaglet.reasoning import (
+    DeepSeekToolCalls,
+    Harmony,
+    NoReasoning,
+    ThinkInOutput,
+    ThinkOpenInPrompt,
+    detect_format,
+)
 from eaglet.records.generations import Generation
 from eaglet.records.prompts import Prompt
 
@@ -263,8 +270,10 @@ def test_qwen3_thinking_prompt_that_ends_in_think_splits_at_the_closing_tag():
 def test_deepseek_v4_thinking_turn_splits_at_its_real_think_tokens():
     tokenizer = deepseek_v4_tokenizer()
     reasoning_format = detect_format(tokenizer, "think_open_in_prompt")
-    # <tool_call> is plain text to DeepSeek (its own calls use other tokens): no id split.
-    assert reasoning_format == ThinkOpenInPrompt(128821, 128822, None, None)
+    # <tool_call> is plain text to DeepSeek: its own calls use its own special tokens.
+    assert reasoning_format == ThinkOpenInPrompt(
+        128821, 128822, None, None, tool_calls=DeepSeekToolCalls(128806, 128807, 128808, 128809)
+    )
     end_ids = {tokenizer.eos_token_id}
     prompt_ids = tokenizer.encode(
         "<｜begin▁of▁sentence｜>You are helpful.<｜User｜>What is 2 + 2?<｜Assistant｜><think>",
@@ -285,6 +294,47 @@ def test_deepseek_v4_thinking_turn_splits_at_its_real_think_tokens():
         "The user adds two and two.",
         "The answer is 4.",
     )
+
+
+def test_deepseek_native_tool_calls_split_from_their_real_special_tokens():
+    """DeepSeek-V3/R1's chat template writes calls as `<｜tool▁calls▁begin｜>` then, per call,
+    `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`, a fenced json block of ARGS and
+    `<｜tool▁call▁end｜>`, calls joined by a newline, then `<｜tool▁calls▁end｜>`; V3.1 and
+    later write `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`. Both, on the real
+    DeepSeek tokenizer, split into one `tool_call` part per call and parse to name and
+    arguments; every output token stays trained."""
+    tokenizer = deepseek_v4_tokenizer()
+    reasoning_format = detect_format(tokenizer, "think_open_in_prompt")
+    end_ids = {tokenizer.eos_token_id}
+    v3_call = (
+        "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+        '{"city": "Oslo"}\n```<｜tool▁call▁end｜>'
+    )
+    v31_call = '<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"zone": "CET"}<｜tool▁call▁end｜>'
+    text = (
+        f"Need weather and time.</think>Checking.<｜tool▁calls▁begin｜>{v3_call}\n{v31_call}"
+        "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
+    )
+    output_ids = tokenizer.encode(text, add_special_tokens=False)
+    assert _part_texts(tokenizer, reasoning_format, output_ids, end_ids) == [
+        ("reasoning", "Need weather and time."),
+        ("think_close", "</think>"),
+        ("content", "Checking."),
+        ("tool_section", "<｜tool▁calls▁begin｜>"),
+        ("tool_call", v3_call),
+        ("tool_section", "\n"),
+        ("tool_call", v31_call),
+        ("tool_section", "<｜tool▁calls▁end｜>"),
+        ("end", "<｜end▁of▁sentence｜>"),
+    ]
+    example = _example(tokenizer, reasoning_format, [0], output_ids, end_ids)
+    assert example.content == "Checking."
+    assert example.tool_calls == [
+        {"name": "get_weather", "arguments": {"city": "Oslo"}},
+        {"name": "get_time", "arguments": {"zone": "CET"}},
+    ]
+    assert example.loss_mask == [0] + [1] * len(output_ids)
+    assert "tool_call_not_closed" not in example.flags
 
 
 def test_tool_call_text_is_parsed_where_the_tags_are_not_single_tokens():
