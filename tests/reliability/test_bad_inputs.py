@@ -534,3 +534,45 @@ def test_a_failed_run_says_finished_stages_are_kept_only_when_one_finished(tmp_p
     (tmp_path / "run.json").write_text(json.dumps(run))
     assert _after_failure(args).startswith("finished stages are kept (download)")
     assert _after_failure(argparse.Namespace()).startswith("no stage ran")
+
+
+LINE = st.one_of(
+    st.builds(lambda i: json.dumps({"sample_id": f"s{i}"}).encode(), st.integers(0, 10**6)),
+    st.binary(max_size=20).map(lambda b: b.replace(b"\n", b"")),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.lists(LINE, max_size=12), torn=st.binary(max_size=12))
+def test_repair_fuzz_keeps_every_readable_record_and_sets_aside_the_rest(lines, torn):
+    """Whatever an append-only file holds, repair keeps every readable record (and blank
+    line) in order, moves every other line aside with its number, and cuts only a torn last
+    line."""
+    import tempfile
+
+    from eaglet.records.io import rejected_lines_path
+
+    def readable(line: bytes) -> bool:
+        try:
+            return isinstance(json.loads(line).get("sample_id"), str)
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            return False
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "generations.jsonl"
+        torn = torn.replace(b"\n", b"")
+        path.write_bytes(b"".join(line + b"\n" for line in lines) + torn)
+        ids = repair_and_read_ids(path)
+        bad = [n for n, line in enumerate(lines, 1) if line.strip() and not readable(line)]
+        kept = [line for n, line in enumerate(lines, 1) if n not in bad]
+        assert ids == {json.loads(line)["sample_id"] for line in kept if line.strip()}
+        assert path.read_bytes() == b"".join(line + b"\n" for line in kept)
+        aside = rejected_lines_path(path)
+        if bad:
+            entries = [json.loads(x) for x in aside.read_text().splitlines()]
+            assert [e["line"] for e in entries] == bad
+            assert [e["text"].encode("utf-8", "surrogateescape") for e in entries] == [
+                lines[n - 1] for n in bad
+            ]
+        else:
+            assert not aside.exists()
