@@ -513,3 +513,35 @@ def test_a_sequence_generated_in_thinking_mode_checked_against_non_thinking_is_a
         update={"prompt_ids": prompt_ids, "prompt_text": thinking_prompt}
     )
     assert template_mismatch(example, generated_in, tokenizer, {}) is None
+
+
+def test_openai_engine_rebuilds_gpt_oss_text_as_the_harmony_the_model_wrote(harmony):
+    """A server that returns gpt-oss's text but no token ids: the rebuilt output is the
+    harmony the model wrote (the strings openai-harmony parses in the two tests above), and
+    it splits into the same reasoning, answer and tool call."""
+    from eaglet.engines.openai_chat import rebuild_output_text
+
+    _, tokenizer = harmony
+    reasoning_format = detect_format(tokenizer)
+    answer = {
+        "reasoning_content": 'User asks: "What is 2 + 2?" Simple arithmetic. Provide answer.',
+        "content": "2 + 2 = 4.",
+    }
+    rebuilt = rebuild_output_text(answer, reasoning_format, finished=True)
+    assert rebuilt + "<|return|>" == (
+        '<|channel|>analysis<|message|>User asks: "What is 2 + 2?" Simple arithmetic. Provide '
+        "answer.<|end|><|start|>assistant<|channel|>final<|message|>2 + 2 = 4.<|return|>"
+    )
+    call = {"function": {"name": "get_weather", "arguments": '{"location":"Tokyo"}'}}
+    tool_turn = {"reasoning": "Need to use function get_weather.", "tool_calls": [call]}
+    rebuilt = rebuild_output_text(tool_turn, reasoning_format, finished=True)
+    assert rebuilt + "<|call|>" == (
+        "<|channel|>analysis<|message|>Need to use function get_weather.<|end|>"
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        '<|message|>{"location":"Tokyo"}<|call|>'
+    )
+    ids = tokenizer.encode(rebuilt + "<|call|>", add_special_tokens=False)
+    example = _example(tokenizer, reasoning_format, [0], ids, {reasoning_format.call_id})
+    assert example.tool_calls == [{"name": "get_weather", "arguments": {"location": "Tokyo"}}]
+    cut = rebuild_output_text({"reasoning": "Still thinking"}, reasoning_format, finished=False)
+    assert cut == "<|channel|>analysis<|message|>Still thinking"

@@ -29,8 +29,13 @@ from eaglet.engines.http import (
     prompt_ids_check,
 )
 from eaglet.reasoning import (
+    HARMONY_CHANNEL,
+    HARMONY_END,
+    HARMONY_MESSAGE,
+    HARMONY_START,
     THINK_CLOSE,
     THINK_OPEN,
+    Harmony,
     NoReasoning,
     ReasoningFormat,
     ThinkInOutput,
@@ -75,12 +80,44 @@ def wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def _harmony_output_text(reasoning: str, content: str, tool_calls: Any, finished: bool) -> str:
+    """gpt-oss's raw output in harmony (the prompt already ends with `<|start|>assistant`):
+    an `analysis` message with the reasoning, then either one `commentary` message per tool
+    call (`to=functions.NAME <|constrain|>json`) or the `final` answer; messages end with
+    `<|end|>` and the next opens with `<|start|>assistant`. The last one is left open: the end
+    token the model stopped on (`<|return|>` or `<|call|>`) is added by the caller. A cut-off
+    answer (not finished, no content) ends inside its analysis message."""
+    messages = []
+    if reasoning:
+        messages.append(f"{HARMONY_CHANNEL}analysis{HARMONY_MESSAGE}{reasoning}")
+    calls = []
+    for call in tool_calls or []:
+        function = call.get("function", call) if isinstance(call, dict) else {}
+        arguments = function.get("arguments", {})
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        calls.append(
+            f"{HARMONY_CHANNEL}commentary to=functions.{function.get('name', '')} "
+            f"<|constrain|>json{HARMONY_MESSAGE}{arguments}"
+        )
+    if calls:
+        messages += calls
+    elif content or finished or not messages:
+        messages.append(f"{HARMONY_CHANNEL}final{HARMONY_MESSAGE}{content}")
+    return f"{HARMONY_END}{HARMONY_START}assistant".join(messages)
+
+
 def rebuild_output_text(
     message: dict[str, Any], reasoning_format: ReasoningFormat, finished: bool
 ) -> str:
-    """The model's raw output text from a chat message's fields (without the end token)."""
+    """The model's raw output text from a chat message's fields (without the end token):
+    harmony messages for gpt-oss, else `reasoning </think> content` in the target's format."""
     reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
     content = message.get("content") or ""
+    if isinstance(reasoning_format, Harmony):
+        return _harmony_output_text(
+            reasoning.strip("\n"), content, message.get("tool_calls"), finished
+        )
     calls = tool_calls_text(message.get("tool_calls"))
     if calls:
         content = f"{content}\n{calls}" if content else calls
