@@ -134,6 +134,8 @@ def check_datasets(config: PipelineConfig, report: PreflightReport) -> list[int 
                 f"{key}: {path} is a folder; datasets[{i}].path must name a .json, .jsonl or "
                 ".parquet file"
             )
+        elif not path.is_file():  # a named pipe or device: read once, by the download stage
+            report.passed.append(f"{key}: {path} (not a regular file; not read here)")
         elif path.stat().st_size == 0 or (
             path.suffix.lower() in (".json", ".jsonl") and not _has_text(path)
         ):

@@ -242,3 +242,12 @@ def test_demo_inputs_are_built_only_for_a_config_that_points_at_them(tmp_path, m
     built = ensure_demo_inputs(defaults, log=lambda _: None)
     assert sorted(p.name for p in built) == ["arith.jsonl", "mixed.parquet", "tools.jsonl"]
     assert ensure_demo_inputs(defaults, log=lambda _: None) == []  # nothing twice
+
+
+def test_a_named_pipe_dataset_is_left_to_the_download_stage(setup, tmp_path):
+    """The preflight never reads a FIFO (that would consume or block on it)."""
+    import os
+
+    fifo = tmp_path / "stream.jsonl"
+    os.mkfifo(fifo)
+    assert not run(setup, datasets=[{"source": "arith", "path": str(fifo)}])
