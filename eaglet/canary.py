@@ -39,7 +39,7 @@ from typing import Any
 
 from eaglet.config import PipelineConfig
 from eaglet.engines.http import HTTPEngine, server_message
-from eaglet.engines.registry import make_engine
+from eaglet.engines.registry import ENGINES, engine_spec, make_engine
 from eaglet.errors import PermanentError
 from eaglet.extract import LEAKED_THINKING, server_reasoning_text
 from eaglet.generation import Failure, run_sync
@@ -148,9 +148,10 @@ def _failure_hint(engine: str, failure: Failure) -> str:
     if failure.status == 404:
         if "model" in message:
             return "the server does not serve this model name: set generation.served_model"
-        paths = {"vllm": "/v1/completions", "sglang": "/generate", "openai": "/v1/chat/completions"}
+        spec = ENGINES.get(engine)
+        path = (spec.engine_class().request_path if spec and spec.needs_server else "") or "such"
         return (
-            f"the server has no {paths.get(engine, 'such')} path: check generation.endpoints and "
+            f"the server has no {path} path: check generation.endpoints and "
             f"that generation.engine={engine} speaks this server's protocol"
         )
     if failure.status in (400, 422):
@@ -459,7 +460,7 @@ async def run_canary_async(
     deadline = started + config.generation.canary_timeout_s
     n = min(len(prompts), config.generation.canary_requests)
     report = CanaryReport(config.generation.engine, list(config.generation.endpoints))
-    if config.generation.engine == "local":
+    if not engine_spec(config.generation.engine).needs_server:
         report.passed.append("the local engine runs in-process: no server to check")
         return report
     if n == 0:

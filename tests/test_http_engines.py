@@ -464,8 +464,9 @@ def test_canary_explains_a_400(server):
 
 def test_engines_are_built_by_name():
     for name, cls in (("vllm", VLLMEngine), ("sglang", SGLangEngine), ("openai", OpenAIChatEngine)):
-        assert type(engine_for(make_config(["http://127.0.0.1:1"], name))) is cls
-        assert ENGINES[name].needs_server
+        engine = engine_for(make_config(["http://127.0.0.1:1"], name))
+        assert type(engine) is cls and ENGINES[name].needs_server
+        assert engine.request_for(make_prompt(1))[0] == cls.request_path != ""
 
 
 def test_the_registry_lists_exactly_the_engines_the_config_accepts():

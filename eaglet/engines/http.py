@@ -228,6 +228,8 @@ class HTTPEngine:
     # A GET that answers 200 when the server is up (the canary's first check); the OpenAI
     # model list also names the models served.
     health_path: ClassVar[str] = "/v1/models"
+    # The path every generation request goes to (the canary names it when a server lacks it).
+    request_path: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
         gen = self.config.generation

@@ -137,6 +137,7 @@ def rebuild_output_text(
 @dataclass
 class OpenAIChatEngine(HTTPEngine):
     name: ClassVar[str] = "openai"
+    request_path: ClassVar[str] = "/v1/chat/completions"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -172,7 +173,7 @@ class OpenAIChatEngine(HTTPEngine):
         if kwargs:
             # vLLM and SGLang render with these, as our tokenize stage did.
             payload["chat_template_kwargs"] = kwargs
-        return "/v1/chat/completions", payload
+        return self.request_path, payload
 
     def on_client_error(self, status: int, message: str) -> bool:
         # A strict server (the OpenAI API itself) rejects fields it does not know.

@@ -28,6 +28,7 @@ from eaglet.records.prompts import Prompt
 class SGLangEngine(HTTPEngine):
     name: ClassVar[str] = "sglang"
     health_path: ClassVar[str] = "/health"
+    request_path: ClassVar[str] = "/generate"
 
     def request_for(self, prompt: Prompt) -> tuple[str, dict[str, Any]]:
         sampling = self.params
@@ -41,7 +42,7 @@ class SGLangEngine(HTTPEngine):
         if sampling.temperature > 0:
             # Older SGLang versions reject unknown sampling params; greedy needs no seed.
             params["sampling_seed"] = sampling.seed
-        return "/generate", {"input_ids": prompt.prompt_ids, "sampling_params": params}
+        return self.request_path, {"input_ids": prompt.prompt_ids, "sampling_params": params}
 
     def parse(self, prompt: Prompt, body: dict[str, Any]) -> Generation:
         if "output_ids" not in body:

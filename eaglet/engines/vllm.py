@@ -37,6 +37,7 @@ def check_finish_reason(value: Any) -> str:
 @dataclass
 class VLLMEngine(HTTPEngine):
     name: ClassVar[str] = "vllm"
+    request_path: ClassVar[str] = "/v1/completions"
 
     def request_for(self, prompt: Prompt) -> tuple[str, dict[str, Any]]:
         params = self.params
@@ -51,7 +52,7 @@ class VLLMEngine(HTTPEngine):
         }
         if params.stop:
             payload["stop"] = list(params.stop)
-        return "/v1/completions", payload
+        return self.request_path, payload
 
     def parse(self, prompt: Prompt, body: dict[str, Any]) -> Generation:
         choices = body.get("choices")
