@@ -325,6 +325,16 @@ def load_target(config: PipelineConfig, report: PreflightReport) -> None:
             f"{', '.join(TOKENIZER_FILES)}): copy the model's tokenizer files into it"
         )
         return
+    # The config first: the tokenizer's loading reads it too, and would blame the tokenizer.
+    if not (path.exists() and not (path / "config.json").exists()):
+        try:
+            report.model_config = load_config(config.target)
+        except Exception as exc:
+            report.problems.append(
+                f"target.model: its config.json could not be read ({_first_line(exc)}): is "
+                "target.trust_remote_code needed, or is the file damaged?"
+            )
+            return
     try:
         report.tokenizer = load_tokenizer(config.target)
     except Exception as exc:  # transformers raises many kinds here
@@ -342,15 +352,7 @@ def load_target(config: PipelineConfig, report: PreflightReport) -> None:
                 "HF_HUB_OFFLINE"
             )
         return
-    if path.exists() and not (path / "config.json").exists():
-        return
-    try:
-        report.model_config = load_config(config.target)
-    except Exception as exc:
-        report.problems.append(
-            f"target.model: its config.json could not be read ({_first_line(exc)}): is "
-            "target.trust_remote_code needed, or the file damaged?"
-        )
+    if report.model_config is None:
         return
     report.passed.append(f"target.model {model}: config and tokenizer load")
 

@@ -251,3 +251,14 @@ def test_a_named_pipe_dataset_is_left_to_the_download_stage(setup, tmp_path):
     fifo = tmp_path / "stream.jsonl"
     os.mkfifo(fifo)
     assert not run(setup, datasets=[{"source": "arith", "path": str(fifo)}])
+
+
+def test_a_config_json_transformers_rejects_is_named_as_the_config(setup, tmp_path):
+    """Layer count edited without its per-layer list: transformers refuses the config, and
+    the problem names config.json, not the tokenizer."""
+    folder = make_target(tmp_path / "edited")
+    config = json.loads((folder / "config.json").read_text())
+    config["layer_types"] = ["full_attention"] * 3  # 8 layers declared
+    (folder / "config.json").write_text(json.dumps(config))
+    (problem,) = run(setup, target__model=str(folder))
+    assert "its config.json could not be read" in problem
