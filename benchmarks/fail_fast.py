@@ -97,6 +97,25 @@ def timed(args: list[str], env: dict[str, str], timeout: int = 1200) -> tuple[fl
     return time.perf_counter() - started, code, out
 
 
+def _clock(line: str) -> float | None:
+    try:
+        h, m, rest = line[:12].split(":")
+        return int(h) * 3600 + int(m) * 60 + float(rest)
+    except ValueError:
+        return None
+
+
+def in_flow_seconds(text: str) -> float | None:
+    """From the flow run's first log line to its failure: the time eaglet itself took, without
+    Python, Prefect and the temporary server starting (`run` only)."""
+    begin = next((_clock(x) for x in text.splitlines() if "Beginning flow run" in x), None)
+    end = next(
+        (_clock(x) for x in text.splitlines() if "Flow run" in x and "Finished in state" in x),
+        None,
+    )
+    return None if begin is None or end is None else (end - begin) % 86400
+
+
 def last_line(text: str, *markers: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     for marker in markers:
@@ -151,9 +170,11 @@ def main() -> int:
             seconds, code, out = timed([command, str(path), *extra], env)
             retries = out.count("Retrying")
             why = last_line(out, "problem:", "error:", "Error")
+            flow = in_flow_seconds(out)
             rows.append((fault, command, seconds, code, retries, why))
-            print(f"{fault:<24} {command:<7} {seconds:7.1f} s  exit {code}  retries {retries}  "
-                  f"{why}", flush=True)  # fmt: skip
+            inside = f" (in the flow {flow:.1f} s)" if flow is not None else ""
+            print(f"{fault:<24} {command:<7} {seconds:7.1f} s{inside}  exit {code}  retries "
+                  f"{retries}  {why}", flush=True)  # fmt: skip
             (tmp / f"{fault}-{command}.log").write_text(out)
 
     print(f"logs in {tmp}", flush=True)
