@@ -71,6 +71,7 @@ class ReadReport:
     skipped: Counter = field(default_factory=Counter)
     notes: Counter = field(default_factory=Counter)
     on_skip: Callable[[dict[str, Any]], None] | None = None
+    where: str = ""  # the row the last sample yielded came from (file:line or file row N)
 
     def skip(self, source: str, error: RowSkipped) -> None:
         self.skipped[error.kind] += 1
@@ -344,6 +345,7 @@ def read_samples(spec: DatasetSpec, report: ReadReport | None = None) -> Iterato
             report.skip(spec.source, exc)
             continue
         content = {"messages": messages, "tools": tools}
+        report.where = where
         yield Sample(
             sample_id=sample_id_for(spec.source, content),
             source=spec.source,
@@ -387,6 +389,7 @@ def write_samples(
                     reject(
                         {
                             "source": spec.source,
+                            "where": report.where,
                             "sample_id": sample.sample_id,
                             "kind": "duplicate",
                             "why": f"the same conversation as an earlier row "

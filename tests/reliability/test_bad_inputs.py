@@ -220,6 +220,7 @@ def test_duplicate_rows_are_written_once_counted_and_listed_with_their_id(tmp_pa
     counts, rejected, written = download(tmp_path, spec(first))
     assert len(written) == 1 and counts["duplicates"] == 1
     assert rejected[0]["kind"] == "duplicate" and rejected[0]["sample_id"] == written[0].sample_id
+    assert rejected[0]["where"].endswith("a.jsonl:2")
 
 
 # --- prompts: longer than the context, over the limit, not templatable -------------------------
