@@ -194,7 +194,7 @@ def main() -> int:
         from tests.vllm_server import vllm_server
 
         with ExitStack() as stack:
-            url = stack.enter_context(vllm_server(model, tmp / "vllm.log"))
+            url = stack.enter_context(vllm_server(model, tmp / "vllm.log", timeout=900))
             measure(
                 "no_reasoning_parser",
                 config(
