@@ -19,7 +19,7 @@ from tasks.download import download
 from tasks.evaluate import evaluate
 from tasks.extract import extract
 from tasks.generate import generate
-from tasks.hidden_states import hidden_states
+from tasks.hidden_states import hidden_states, map_hidden_state_shards
 from tasks.tokenize import tokenize
 from tasks.train import train
 
@@ -111,6 +111,9 @@ def pipeline(
         generations = run("generate", prompts=prompts) if prompts else None
         examples = run("extract", generations=generations, prompts=prompts) if generations else None
         online = config.train.hidden_states == "online"  # no shards: train runs the target
+        wanted = STAGES.index(until) >= STAGES.index("hidden_states")
+        if examples and not online and wanted and config.execution.task_runner == "dask":
+            map_hidden_state_shards(config, examples)  # shard tasks on the cluster first
         features = run("hidden_states", examples=examples) if examples and not online else None
         if online:
             draft = run("train", examples=examples) if examples else None

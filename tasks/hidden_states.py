@@ -15,7 +15,7 @@ import socket
 from dataclasses import asdict
 from pathlib import Path
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger, task, unmapped
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from eaglet.config import ExecutionConfig, PipelineConfig
@@ -109,6 +109,7 @@ def map_hidden_state_shards(config: PipelineConfig, examples: dict) -> list[dict
         return []
     with task_runner(config.execution) as runner:
         futures = runner.map(
-            hidden_states_shard, {"config": config, "examples": examples, "shard": shards}
+            hidden_states_shard,
+            {"config": unmapped(config), "examples": unmapped(examples), "shard": shards},
         )
         return [future.result() for future in futures]
