@@ -239,9 +239,9 @@ class HiddenStatesConfig(_Strict):
     storage: Literal["float32", "bfloat16", "int8", "fp8"] = Field(
         "int8",
         description="How feature values are stored: float32 (16·H bytes per token), bfloat16 "
-        "(8·H), int8 or fp8 with per-token absmax scales (4·H). int8 is the default: "
-        "benchmarks/hidden_states.py measured the trained draft's acceptance within 2% of "
-        "float32 storage.",
+        "(8·H), int8 or fp8 with per-token absmax scales (4·H). int8 is the default: half of "
+        "bf16's bytes; benchmarks/hidden_states.py measured 0.7% relative error and 99.7% of "
+        "the target's greedy tokens unchanged against float32 on the fixture (fp8: 2.6%, 99.2%).",
     )
     backend: Literal["hf", "vllm"] = Field(
         "hf",

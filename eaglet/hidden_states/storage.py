@@ -16,7 +16,9 @@ from __future__ import annotations
 import torch
 
 STORAGES = ("float32", "bfloat16", "int8", "fp8")
-DEFAULT_STORAGE = "int8"  # chosen by benchmarks/hidden_states.py: 4·H bytes, τ within 2%
+# benchmarks/hidden_states.py on the fixture: int8 0.7% relative error, 99.7% of greedy tokens
+# unchanged against float32 (fp8: 2.6%, 99.2%), at half of bf16's bytes.
+DEFAULT_STORAGE = "int8"
 SCALE_SUFFIX = "_scale"
 _FP8 = getattr(torch, "float8_e4m3fn", None)
 _QMAX = {"int8": 127.0, "fp8": 448.0}
