@@ -392,9 +392,10 @@ class EvaluateConfig(_Strict):
         600.0, gt=0, le=7200, description="Seconds to wait for the started server's /health."
     )
     max_serving_gap: float = Field(
-        0.5,
+        0.25,
         ge=0.0,
-        description="Largest |served tau - offline tau| at the same k before the stage fails.",
+        description="Largest |served tau - offline tau| at the same k before the stage fails "
+        "(greedy float32 on the fixture: 0.01; layer ids off by one: the whole gain).",
     )
 
     @model_validator(mode="after")
