@@ -256,3 +256,25 @@ def test_resume_continues_at_saved_step_with_same_vocab(world, tmp_path, monkeyp
     b = load_file(str(tmp_path / "part" / "draft" / "model.safetensors"))
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+def test_gradient_accumulation_follows_the_same_loss_curve(world, tmp_path):
+    """Two micro-batches per step, each normalized by the whole batch's counts: the same
+    steps as one batch (float sums aside)."""
+    runs = {}
+    for accumulation in (1, 2):
+        out = tmp_path / f"accum{accumulation}"
+        config = settings(epochs=1, log_every=1, grad_accumulation=accumulation)
+        train_draft(world / "hs", world / "target", out, config, AUX_IDS, CONVENTION)
+        runs[accumulation] = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").open()]
+    assert len(runs[1]) == 8 and runs[1][-1] < runs[1][0]
+    assert runs[2] == pytest.approx(runs[1], rel=1e-5)
+
+
+def test_bfloat16_autocast_trains_on_cpu(world, tmp_path):
+    config = settings(epochs=2, log_every=2, precision="bfloat16")
+    summary = train_draft(world / "hs", world / "target", tmp_path, config, AUX_IDS, CONVENTION)
+    assert summary["precision"] == "bfloat16"
+    assert summary["final_loss"] < 0.8 * summary["initial_loss"]
+    _, saved = load_draft(tmp_path / "draft")
+    assert saved["torch_dtype"] == "float32"  # weights stay fp32; only the matmuls ran in bf16
