@@ -44,7 +44,10 @@ def hidden_states(config: PipelineConfig, examples: dict, refresh: bool = False)
     def on_progress(fraction: float) -> None:
         update_progress_artifact(progress_id, progress=100.0 * fraction)
 
-    body = stage_body(config, _examples_path(config, examples), logger.info, on_progress)
+    mapped = config.execution.task_runner == "dask"  # shard tasks verified or built each shard
+    body = stage_body(
+        config, _examples_path(config, examples), logger.info, on_progress, verify_hash=not mapped
+    )
     return run_stage_task(
         "hidden_states", config, {"examples": examples}, body, resume_partial=True, refresh=refresh
     ).model_dump()

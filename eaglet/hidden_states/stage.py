@@ -331,9 +331,12 @@ def stage_body(
     examples_path: Path,
     report: Callable[[str], None] = print,
     on_progress: Callable[[float], None] | None = None,
+    verify_hash: bool = True,
 ) -> Callable[[Path], StageOutput]:
     """The stage as a `run_stage` body: plan, budget, every shard not yet finished (built
-    here, one after another, or already built by mapped shard tasks), index."""
+    here, one after another, or already built by mapped shard tasks), index. `verify_hash`
+    False checks finished shards by size only (mapped shard tasks have just verified or
+    built each one: reading them all again would double the stage's reads)."""
 
     def body(folder: Path) -> StageOutput:
         settings = config.hidden_states
@@ -342,7 +345,9 @@ def stage_body(
         get_backend = backend_factory(config)
         progress = Progress(sum(s.tokens for s in specs), report)
         for spec in specs:
-            record = build_shard(folder, examples_path, spec, get_backend, settings.storage)
+            record = build_shard(
+                folder, examples_path, spec, get_backend, settings.storage, verify_hash
+            )
             progress.add(spec.tokens, force=not record["skipped"])
             if on_progress is not None:
                 on_progress(progress.fraction)
