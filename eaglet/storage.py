@@ -109,7 +109,7 @@ def write_json_atomic(path: Path, value: Any) -> None:
         raise
 
 
-class DiskFullError(OSError):
+class DiskFullError(PermanentError, OSError):
     """No space left on the device a stage writes to; unlike the OS error, the message names
     the folder and what to do."""
 

@@ -17,8 +17,10 @@ from eaglet.config import ConfigError
 from eaglet.errors import PermanentError, TransientError, is_transient, is_transient_status
 from eaglet.extract import QualityGateError
 from eaglet.generation import GenerationSummary, TooManyFailuresError
+from eaglet.hidden_states.budget import DiskBudgetError
 from eaglet.prompts import PromptError
 from eaglet.records.io import RecordFileError
+from eaglet.storage import DiskFullError
 from tests.conftest import ROOT
 
 
@@ -82,6 +84,9 @@ def test_transient_faults_are_retried(error):
         QualityGateError("quality gate failed"),
         PromptError("sample s1: no user turn"),
         RecordFileError("prompts.jsonl:3: not valid JSON"),
+        DiskBudgetError("the features need 2 TB, 1 TB free"),
+        DiskFullError(28, "no space left under WORK_DIR/generate"),
+        OSError(28, "No space left on device"),
         too_many_failures(transient_failures=0),  # every failure a 4xx
         http_status_error(400),
         http_status_error(404),

@@ -8,13 +8,14 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from eaglet.errors import PermanentError
 from eaglet.hidden_states.storage import bytes_per_token, check_storage
 
 MARGIN_FRACTION = 0.05  # safetensors headers, index, progress records, filesystem slack
 MARGIN_BYTES = 64 << 20
 
 
-class DiskBudgetError(RuntimeError):
+class DiskBudgetError(PermanentError, RuntimeError):
     """The work dir's filesystem cannot hold what the stage would write."""
 
 
