@@ -38,7 +38,8 @@ def served(fixture_model_dir, tmp_path_factory):
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = str(ROOT) + (os.pathsep + old if old else "")
     try:
-        with vllm_server(fixture_model_dir, folder / "vllm.log", extra_args=args) as url:
+        log = folder / "vllm.log"
+        with vllm_server(fixture_model_dir, log, extra_args=args, timeout=600) as url:
             yield (
                 config.model_copy(
                     update={

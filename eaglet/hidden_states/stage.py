@@ -183,17 +183,16 @@ def write_index(folder: Path, specs: list[ShardSpec]) -> dict[str, dict[str, Any
     """`index.jsonl` from the shard records; returns the shards' recorded hashes (for the
     manifest, so it need not read them again)."""
     files: dict[str, dict[str, Any]] = {}
-    lines = []
-    for spec in specs:
-        record = read_record(folder, spec.name)
-        if record is None:
-            raise RuntimeError(f"{folder / spec.name}: shard not finished; rerun the stage")
-        files[spec.name] = {"sha256": record["sha256"], "bytes": record["bytes"]}
-        for sample_id, offset, length in record["samples"]:
-            row = {"sample_id": sample_id, "shard": spec.name, "offset": offset, "length": length}
-            lines.append(json.dumps(row) + "\n")
     tmp = folder / (INDEX + ".tmp")
-    tmp.write_text("".join(lines))
+    with open(tmp, "w", encoding="utf-8") as index:  # streamed: one shard's rows at a time
+        for spec in specs:
+            record = read_record(folder, spec.name)
+            if record is None:
+                raise RuntimeError(f"{folder / spec.name}: shard not finished; rerun the stage")
+            files[spec.name] = {"sha256": record["sha256"], "bytes": record["bytes"]}
+            for sample_id, offset, length in record["samples"]:
+                row = {"sample_id": sample_id, "shard": spec.name, "offset": offset}
+                index.write(json.dumps({**row, "length": length}) + "\n")
     tmp.replace(folder / INDEX)
     for stray in folder.glob("*.tmp"):
         stray.unlink()
