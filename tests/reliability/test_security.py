@@ -8,7 +8,7 @@
 - no pickle, no `torch.load` without `weights_only=True`, no literal `trust_remote_code=True`
   in the project's code, and every `from_pretrained` passes the config's `trust_remote_code`
   (or goes through `eaglet/target.py`), so a model's own code runs only when the config says
-  so: a pipeline run on a model that ships code never executes it;
+  so (static AST checks, themselves tested on bad code);
 - a pickled Prefect result planted in the work dir is never unpickled.
 """
 
@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -275,3 +278,114 @@ def test_a_pickled_prefect_result_planted_in_the_work_dir_is_never_unpickled(
     second = run_cli(["run", str(config), "--until", "download"], cwd=tmp_path)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert not marker.exists(), "eaglet unpickled a result file from the work dir"
+
+
+KEY_ENV = "sk-eaglet-canary-env-7d1f0b2c"
+KEY_BLOCK = "sk-eaglet-canary-block-93ac2e51"
+PREFECT_DUMP = """
+import asyncio, json
+from prefect.client.orchestration import get_client
+
+async def pages(read):
+    items, offset = [], 0
+    while batch := await read(limit=200, offset=offset):
+        items += batch
+        offset += len(batch)
+    return items
+
+async def main():
+    async with get_client() as client:
+        dump = {
+            "logs": await pages(client.read_logs),
+            "artifacts": await pages(client.read_artifacts),
+            "flow_runs": await pages(client.read_flow_runs),
+            "task_runs": await pages(client.read_task_runs),
+            "variables": await client.read_variables(),
+        }
+    print(json.dumps({k: [i.model_dump(mode="json") for i in v] for k, v in dump.items()}))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+def test_an_api_key_never_reaches_a_file_a_log_or_an_artifact(
+    tmp_path, fixture_model_dir, sample_data_dir
+):
+    """Two canary keys: one in the environment (api_key_env), one in a Prefect Secret block
+    (api_key_secret). Runs: a whole pipeline with the environment key; a run whose server
+    echoes the key back in every error (failed samples, a failed stage); `eaglet doctor`
+    against that server. Then nothing holds either key: not stdout/stderr, not a byte of any
+    file under the test folder (work dir, configs, the Prefect home and its database), not
+    the logs, artifacts, flow and task runs or variables the Prefect API returns."""
+    from eaglet.config import TargetConfig
+    from eaglet.target import load_tokenizer
+    from tests.conftest import run_cli, small_run_overrides, write_http_run_config
+    from tests.fake_servers import FakeServer, serve
+
+    home = {"PREFECT_HOME": str(tmp_path / ".prefect-home"), "EAGLET_CANARY_KEY": KEY_ENV}
+    saved = subprocess.run(
+        [sys.executable, "-c", "import sys; from prefect.blocks.system import Secret; "
+         "Secret(value=sys.stdin.read()).save('canary-key')"],
+        input=KEY_BLOCK, env={**os.environ, **home}, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert saved.returncode == 0, saved.stderr[-2000:]
+    tokenizer = load_tokenizer(TargetConfig(model=str(fixture_model_dir)))
+    outputs = []
+
+    env_server = FakeServer(tokenizer, api_key=KEY_ENV)
+    with serve(env_server) as url:
+        whole = tmp_path / "whole"
+        whole.mkdir()
+        config = write_http_run_config(
+            whole, fixture_model_dir, sample_data_dir, url, samples=8,
+            canary_requests=2, api_key_env="EAGLET_CANARY_KEY",
+        )  # fmt: skip
+        overrides = [
+            o
+            for o in small_run_overrides(whole / "work", fixture_model_dir, sample_data_dir)
+            if o.startswith(("train.", "evaluate.", "reasoning."))
+        ]
+        args = ["run", str(config)] + [a for o in overrides for a in ("--set", o)]
+        run = run_cli(args, cwd=tmp_path, env=home)
+        outputs.append(run)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert {e["authorization"] for e in env_server.log} == {f"Bearer {KEY_ENV}"}
+
+    echo_server = FakeServer(tokenizer, api_key=KEY_BLOCK)
+    echo_server.faults.extend(["ok"] * 2 + ["echo-key-400"] * 100)
+    with serve(echo_server) as url:
+        failing = tmp_path / "failing"
+        failing.mkdir()
+        config = write_http_run_config(
+            failing, fixture_model_dir, sample_data_dir, url, samples=8,
+            canary_requests=2, api_key_secret="canary-key",
+        )  # fmt: skip
+        failed = run_cli(["run", str(config), "--until", "generate"], cwd=tmp_path, env=home)
+        outputs.append(failed)
+        doctor = run_cli(["doctor", str(config)], cwd=tmp_path, env=home)
+        outputs.append(doctor)
+    assert failed.returncode != 0, "every sample was refused, yet the run succeeded"
+    refusals = [path.read_text() for path in (failing / "work" / "generate").rglob("failed.jsonl")]
+    assert refusals and "bad request from ***" in refusals[0], refusals
+    assert doctor.returncode != 0
+    assert any("echo-key-400" == e["fault"] for e in echo_server.log)
+    assert {e["authorization"] for e in echo_server.log} == {f"Bearer {KEY_BLOCK}"}
+
+    dump = subprocess.run(
+        [sys.executable, "-c", PREFECT_DUMP], env={**os.environ, **home},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert dump.returncode == 0, dump.stderr[-3000:]
+    api = json.loads(dump.stdout.strip().splitlines()[-1])
+    assert api["logs"] and api["artifacts"] and api["task_runs"], "the dump read nothing"
+    assert any(a["key"] == "generate-failed-samples" for a in api["artifacts"])
+    for key in (KEY_ENV, KEY_BLOCK):
+        for result in outputs:
+            assert key not in result.stdout + result.stderr
+        for name, items in api.items():
+            assert key not in json.dumps(items), f"the key is in the Prefect API's {name}"
+        files = [p for p in tmp_path.rglob("*") if p.is_file()]
+        leaked = [p for p in files if key.encode() in p.read_bytes()]
+        assert not leaked, f"the key was written to {leaked}"
