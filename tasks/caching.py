@@ -43,13 +43,14 @@ UPSTREAM: dict[str, tuple[str, ...]] = {
     "generate": ("prompts",),
     "extract": ("generations", "prompts"),
     "hidden_states": ("examples",),
-    "train": ("features",),
+    "train": ("features", "examples"),  # one of them: offline reads features, online examples
     "evaluate": ("draft", "prompts"),
 }
 
 
 def upstream_manifests(stage: str, inputs: dict[str, Any]) -> list[Manifest]:
-    return [Manifest.model_validate(inputs[name]) for name in UPSTREAM[stage]]
+    given = [name for name in UPSTREAM[stage] if inputs.get(name) is not None]
+    return [Manifest.model_validate(inputs[name]) for name in given]
 
 
 @dataclass
