@@ -1,0 +1,45 @@
+"""The train stage through the real pipeline: online training under torchrun stores no shards,
+records which mode ran and the disk it saved, and a rerun is Cached."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli, small_run_overrides
+
+pytestmark = pytest.mark.slow
+
+
+def test_online_training_under_torchrun_skips_the_shards(
+    tmp_path, fixture_model_dir, sample_data_dir
+):
+    work_dir = tmp_path / "work"
+    overrides = small_run_overrides(work_dir, fixture_model_dir, sample_data_dir) + [
+        "train.hidden_states=online",
+        "train.nproc_per_node=2",
+        "train.threads=1",
+    ]
+    args = ["run", "/dev/null", "--until", "train"]
+    args += [item for o in overrides for item in ("--set", o)]
+    slow_machine = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "600"}
+    first = run_cli(args, cwd=tmp_path, env=slow_machine)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    run = json.loads((work_dir / "run.json").read_text())
+    states = {stage: figures["state"] for stage, figures in run["stages"].items()}
+    assert states["train"] == "Completed" and "hidden_states" not in states
+    assert not (work_dir / "hidden_states").exists()  # nothing stored
+
+    manifest = json.loads((Path(run["stages"]["train"]["path"]) / "manifest.json").read_text())
+    info = manifest["info"]
+    assert info["hidden_states_mode"] == "online" and info["world_size"] == 2
+    assert info["feature_bytes_stored"] == 0 and info["feature_bytes_saved"] > 0
+    assert info["steps"] == info["total_steps"] > 0
+    assert (Path(run["stages"]["train"]["path"]) / "draft" / "model.safetensors").exists()
+
+    second = run_cli(args, cwd=tmp_path, env=slow_machine)
+    assert second.returncode == 0, second.stderr[-3000:]
+    run = json.loads((work_dir / "run.json").read_text())
+    assert run["stages"]["train"]["state"] == "Cached"
