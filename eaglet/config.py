@@ -395,7 +395,7 @@ class EvaluateConfig(_Strict):
         0.25,
         ge=0.0,
         description="Largest |served tau - offline tau| at the same k before the stage fails "
-        "(greedy float32 on the fixture: 0.01; layer ids off by one: the whole gain).",
+        "(greedy float32 on the fixture draft: 0.01-0.02).",
     )
 
     @model_validator(mode="after")
