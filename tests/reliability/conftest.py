@@ -39,6 +39,7 @@ def start_run(args: list[str], cwd: Path, log: Path, env: dict[str, str] | None 
     full_env = {**os.environ, **(env or {}), MARKER: marker}
     full_env.setdefault("PREFECT_HOME", str(cwd / ".prefect-home"))
     full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     handle = open(log, "ab")
     process = subprocess.Popen(
         [sys.executable, "-m", "eaglet.cli", *args],
