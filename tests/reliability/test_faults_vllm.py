@@ -127,7 +127,7 @@ def test_a_wrong_model_name_fails_fast_with_the_fix_then_the_right_one_completes
 ):
     config = write_http_run_config(
         tmp_path, fixture_model_dir, sample_data_dir, vllm.url, SAMPLES,
-        max_tokens=32, canary_requests=2,
+        max_tokens=160, canary_requests=2,
     )  # fmt: skip
     settings = json.loads(config.read_text())
     settings["generation"]["served_model"] = "no-such-model"
