@@ -97,7 +97,9 @@ def load_whole_target_head(target):
 
     from eaglet.draft.target_head import TargetHead, head_config
 
-    model = AutoModelForCausalLM.from_pretrained(target.model, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        target.model, dtype=torch.float32, trust_remote_code=target.trust_remote_code
+    )
     config = head_config(model.config.get_text_config())
     embed = model.get_input_embeddings().weight.detach().clone()
     lm_head = model.get_output_embeddings().weight.detach().clone()
