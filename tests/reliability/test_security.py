@@ -244,7 +244,7 @@ class _WritesAFile:
 
 @pytest.mark.slow
 def test_a_pickled_prefect_result_planted_in_the_work_dir_is_never_unpickled(
-    tmp_path, sample_data_dir
+    tmp_path, fixture_model_dir, sample_data_dir
 ):
     """Prefect reads a cached task result with the serializer named inside the result file,
     whatever the task declares: a work dir from someone else could hold a pickle. eaglet's
@@ -259,6 +259,7 @@ def test_a_pickled_prefect_result_planted_in_the_work_dir_is_never_unpickled(
         json.dumps(
             {
                 "work_dir": str(tmp_path / "work"),
+                "target": {"model": str(fixture_model_dir)},  # the preflight reads it
                 "datasets": [
                     {"source": "arith", "path": str(sample_data_dir / "arith.jsonl"), "limit": 4}
                 ],
