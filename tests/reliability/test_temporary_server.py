@@ -30,14 +30,17 @@ def cmdline(pid: int) -> str:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_kill_9_of_eaglet_run_takes_the_temporary_prefect_server_with_it(tmp_path):
+def test_kill_9_of_eaglet_run_takes_the_temporary_prefect_server_with_it(
+    tmp_path, fixture_model_dir
+):
     # A dataset that is a FIFO nobody writes to: the download stage blocks on it, so the run
     # is surely alive, its server up, when it is killed.
     rows = tmp_path / "rows.jsonl"
     os.mkfifo(rows)
     config = tmp_path / "run.yaml"
     config.write_text(
-        f"work_dir: {tmp_path / 'work'}\ndatasets:\n  - source: a\n    path: {rows}\n"
+        f"work_dir: {tmp_path / 'work'}\ntarget:\n  model: {fixture_model_dir}\n"
+        f"datasets:\n  - source: a\n    path: {rows}\n"
     )
     marker = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
