@@ -289,15 +289,21 @@ class ReasoningFormat:
 
 
 @dataclass(frozen=True)
-class ThinkOpenInPrompt(ReasoningFormat):
-    """Qwen3-thinking, DeepSeek-R1/V3.1+, Kimi-K2: `<think>` ends the prompt; the model writes
-    `reasoning </think> answer [<tool_call>...</tool_call>] <end>`."""
+class _ThinkTags(ReasoningFormat):
+    """The token ids the `<think>` formats split on."""
 
     open_id: int
     close_id: int
     tool_call_open_id: int | None = None
     tool_call_close_id: int | None = None
     tool_calls: ToolCallSyntax | None = None  # a special-token syntax (DeepSeek, Kimi-K2)
+
+
+@dataclass(frozen=True)
+class ThinkOpenInPrompt(_ThinkTags):
+    """Qwen3-thinking, DeepSeek-R1/V3.1+, Kimi-K2: `<think>` ends the prompt; the model writes
+    `reasoning </think> answer [<tool_call>...</tool_call>] <end>`."""
+
     name: ClassVar[str] = "think_open_in_prompt"
     part_kinds: ClassVar[tuple[str, ...]] = (
         "reasoning",
@@ -323,15 +329,10 @@ class ThinkOpenInPrompt(ReasoningFormat):
 
 
 @dataclass(frozen=True)
-class ThinkInOutput(ReasoningFormat):
+class ThinkInOutput(_ThinkTags):
     """Qwen3 hybrid: the model itself writes `<think> reasoning </think> answer <end>`; a
     turn without the opening tag has no reasoning (thinking switched off)."""
 
-    open_id: int
-    close_id: int
-    tool_call_open_id: int | None = None
-    tool_call_close_id: int | None = None
-    tool_calls: ToolCallSyntax | None = None
     name: ClassVar[str] = "think_in_output"
     part_kinds: ClassVar[tuple[str, ...]] = (
         "think_open",
