@@ -111,14 +111,16 @@ def project_imports(module: str, root: Path = ROOT) -> set[str]:
     return set(_imports_in(path, module, root, (stat.st_mtime_ns, stat.st_size)))
 
 
-def import_closure(roots: tuple[str, ...], root: Path = ROOT) -> tuple[str, ...]:
+def import_closure(
+    roots: tuple[str, ...], root: Path = ROOT, skip: frozenset[str] = frozenset()
+) -> tuple[str, ...]:
     """The roots and every project module they import, transitively, except `NOT_OUTPUT`
-    (which is not followed either), sorted."""
+    and `skip` (which are not followed either), sorted."""
     seen: set[str] = set()
     todo = [m for r in roots for m in _with_parents(r) if module_file(m, root) is not None]
     while todo:
         module = todo.pop()
-        if module in seen or module in NOT_OUTPUT:
+        if module in seen or module in NOT_OUTPUT or module in skip:
             continue
         seen.add(module)
         todo.extend(project_imports(module, root) - seen)
@@ -129,9 +131,14 @@ def stage_modules(stage: str, config: PipelineConfig | None = None) -> tuple[str
     """The modules whose source decides a stage's output: the import closure of its task
     module `tasks/<stage>.py`, and for generate that of the configured engine."""
     roots = (f"tasks.{stage}",)
+    skip: frozenset[str] = frozenset()
     if stage == "generate" and config is not None:
         roots += (engine_spec(config.generation.engine).module,)
-    return import_closure(roots)
+    if stage == "generate" and (config is None or config.tokenize.regenerate != "all"):
+        # Turn-by-turn regeneration (and through it the reasoning split) decides generate's
+        # output only with regenerate=all: a fix to extraction must not re-run generation.
+        skip = frozenset({"eaglet.turns"})
+    return import_closure(roots, skip=skip)
 
 
 def module_source_hash(module: str, root: Path = ROOT) -> str:
