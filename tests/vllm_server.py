@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+
+from eaglet.draft.serving import free_port  # one home; tests import it from here too
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,12 +25,6 @@ def vllm_python() -> Path | None:
     configured = os.environ.get("EAGLET_VLLM_PYTHON")
     candidate = Path(configured) if configured else ROOT / ".vllm-venv" / "bin" / "python"
     return candidate if candidate.exists() else None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def stop_process_group(process: subprocess.Popen, first: signal.Signals, grace_s: float) -> None:
