@@ -16,6 +16,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Every Prefect temporary server a test (or a run it starts) brings up migrates a fresh SQLite
+# database first; on a loaded CI machine that takes longer than Prefect's 20 s default.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
+
 
 @pytest.fixture(scope="session")
 def fixture_model_dir(tmp_path_factory) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -348,7 +349,9 @@ CHROMIUM_ARGS = [
 
 def _property(page, label: str, index: int = -1):
     """The form block of one parameter, found by its label text (`index` among equal ones)."""
-    name = page.locator("span.schema-form-property__label", has_text=label)
+    # Anchored: "Max Tokens" must not also find "Canary Max Tokens".
+    starts = re.compile(rf"^\s*{re.escape(label)}")
+    name = page.locator("span.schema-form-property__label", has_text=starts)
     return (
         page.locator("label", has=name)
         .nth(index)

@@ -18,18 +18,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 MARKER = "EAGLET_FAULT_RUN"
 TEMPORARY_SUFFIXES = (".partial", ".tmp", ".temp")
-
-
-@pytest.fixture(autouse=True)
-def patient_prefect(monkeypatch):
-    """The temporary Prefect server a run starts migrates a fresh database first: on a loaded
-    CI machine that takes longer than Prefect's 20 s default."""
-    if "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" not in os.environ:
-        monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
 def start_run(args: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None):
@@ -39,7 +29,6 @@ def start_run(args: list[str], cwd: Path, log: Path, env: dict[str, str] | None 
     full_env = {**os.environ, **(env or {}), MARKER: marker}
     full_env.setdefault("PREFECT_HOME", str(cwd / ".prefect-home"))
     full_env.setdefault("OMP_NUM_THREADS", "1")
-    full_env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     handle = open(log, "ab")
     process = subprocess.Popen(
         [sys.executable, "-m", "eaglet.cli", *args],
