@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglet.config import STAGES, ConfigError, PipelineConfig, load_config
-from eaglet.run_report import percent
+from eaglet.run_report import percent, training_line
 from eaglet.storage import PARTIAL_SUFFIX, Manifest, ManifestError, read_manifest, verify_files
 
 
@@ -318,6 +318,19 @@ def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
         quality_file = Path(stages["extract"]["path"]) / "quality.json"
         if quality_file.exists():
             quality = json.loads(quality_file.read_text())
+    training: dict[str, Any] = {}
+    if stages["train"]["status"] == "complete":
+        info = read_manifest(Path(stages["train"]["path"])).info
+        training = {
+            key: info[key]
+            for key in (
+                "hidden_states_mode",
+                "feature_bytes_stored",
+                "feature_bytes_saved",
+                "feature_bytes_saved_storage",
+            )
+            if key in info
+        }
     evaluation: dict[str, Any] = {}
     if stages["evaluate"]["status"] == "complete":
         report = json.loads((Path(stages["evaluate"]["path"]) / "report.json").read_text())
@@ -331,6 +344,7 @@ def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
         "work_dir": str(work_dir.resolve()),
         "stages": stages,
         "quality": quality,
+        "training": training,
         "evaluation": evaluation,
     }
 
@@ -402,6 +416,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 f"{percent(figures['reasoning_capture_rate'])}, thinking in content "
                 f"{figures['thinking_in_content']}, truncated {figures['truncation_rate']:.1%}"
             )
+    if report["training"]:
+        print(f"training: {training_line(report['training'])}")
     if report["evaluation"]:
         e = report["evaluation"]
         print(

@@ -56,6 +56,7 @@ class PreflightReport:
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     passed: list[str] = field(default_factory=list)
+    recommendations: list[str] = field(default_factory=list)  # a better setting, not a fault
     tokenizer: Any = field(default=None, repr=False)  # the target's, when it loaded
     model_config: Any = field(default=None, repr=False)  # its transformers config
 
@@ -69,6 +70,7 @@ class PreflightReport:
         lines += [f"  ok:      {line}" for line in self.passed]
         lines += [f"  warning: {line}" for line in self.warnings]
         lines += [f"  problem: {line}" for line in self.problems]
+        lines += [f"  recommend: {line}" for line in self.recommendations]
         return "\n".join(lines)
 
     def raise_if_failed(self) -> None:
@@ -461,12 +463,9 @@ def check_disk_budget(
 ) -> None:
     """The hidden_states shards' upper bound (every sample at full length) against the free
     space; a warning when it may not fit (real lengths are known only after generation)."""
-    try:
-        from eaglet.hidden_states.budget import disk_budget, human
-    except ImportError:  # the budget module is not there (older tree): nothing to check
-        report.warnings.append("disk budget: eaglet.hidden_states.budget missing; not checked")
-        return
-    if getattr(config.train, "hidden_states", None) == "online":
+    from eaglet.hidden_states.budget import disk_budget, human
+
+    if config.train.hidden_states == "online":
         report.passed.append("disk budget: online training stores no hidden-state shards")
         return
     hidden = getattr(model_config, "hidden_size", None)
@@ -480,8 +479,7 @@ def check_disk_budget(
         return
     per_sample = config.tokenize.max_prompt_tokens + config.generation.max_tokens
     tokens = sum(rows) * per_sample
-    hidden_config = config.hidden_states
-    storage = getattr(hidden_config, "storage", None) or getattr(hidden_config, "dtype", "float32")
+    storage = config.hidden_states.storage
     try:
         budget = disk_budget(Path(config.work_dir), tokens, hidden, storage)
     except (ValueError, OSError) as exc:
@@ -494,12 +492,17 @@ def check_disk_budget(
     )
     if budget.fits:
         report.passed.append(line)
-    else:
-        report.warnings.append(
-            f"{line}: may not fit (an upper bound); the hidden_states stage checks the real "
-            "figure before it writes. Options: datasets[].limit, shorter max lengths, "
-            "hidden_states.storage=int8, another disk"
-        )
+        return
+    report.warnings.append(
+        f"{line}: may not fit (an upper bound); the hidden_states stage checks the real "
+        "figure before it writes. Options: datasets[].limit, shorter max lengths, "
+        "hidden_states.storage=int8, another disk"
+    )
+    report.recommendations.append(
+        "use online training (train.hidden_states=online): the draft then gets the "
+        "target's hidden states batch by batch while it trains and stores none, "
+        f"saving up to {human(budget.needed)} here"
+    )
 
 
 def preflight(config: PipelineConfig) -> PreflightReport:

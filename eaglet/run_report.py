@@ -172,6 +172,17 @@ def percent(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
 
+def training_line(info: dict[str, Any]) -> str:
+    """Which hidden-states mode trained the draft and the disk its features took or saved."""
+    from eaglet.hidden_states.budget import human
+
+    if info.get("hidden_states_mode") == "online":
+        saved = info.get("feature_bytes_saved", 0)
+        storage = info.get("feature_bytes_saved_storage", "?")
+        return f"online hidden states, 0 B stored ({human(saved)} of {storage} shards saved)"
+    return f"offline hidden states, {human(info.get('feature_bytes_stored', 0))} of shards"
+
+
 def key_figures(stage: str, manifest: dict[str, Any]) -> str:
     """One table cell: the figures a person checks first for this stage."""
     counts, info = manifest.get("counts", {}), manifest.get("info", {})
@@ -207,7 +218,10 @@ def key_figures(stage: str, manifest: dict[str, Any]) -> str:
         loss = "n/a" if final is None else f"{final:.4f}"
         if final is not None and initial is not None:
             loss += f" (first {initial:.4f})"
-        return f"final loss {loss}; {info.get('steps', 0)} steps"
+        text = f"final loss {loss}; {info.get('steps', 0)} steps"
+        if "hidden_states_mode" in info:
+            text += f"; {training_line(info)}"
+        return text
     if stage == "evaluate":
         tau, untrained = info.get("tau"), info.get("untrained_tau")
         if tau is None:

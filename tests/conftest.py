@@ -6,8 +6,10 @@ sessions while developing; CI builds it fresh.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +86,21 @@ def write_http_run_config(
     path = folder / "config.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
     return path
+
+
+@contextlib.contextmanager
+def small_tmpfs(mount: Path, size: str):
+    """A real filesystem of `size` (e.g. "8m") mounted at `mount` for a disk-budget test;
+    skips the test where mounting is not permitted (it needs root, which CI has)."""
+    mount.mkdir(parents=True, exist_ok=True)
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.skip("mounting a size-limited tmpfs needs root (CI runs this as root)")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"mount not permitted here: {mounted.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 from eaglet.hidden_states.budget import DiskBudgetError
 from eaglet.hidden_states.stage import read_record, stage_body
 from eaglet.storage import run_stage
+from tests.conftest import small_tmpfs
 from tests.hidden_states_helpers import config_for, tiny_target, write_examples
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,16 +127,7 @@ def test_corrupt_and_truncated_shards_are_rebuilt_and_good_ones_kept(target_dir,
 
 
 def test_disk_budget_refuses_on_a_small_filesystem_before_any_work(target_dir, tmp_path):
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if shutil.which("mount") is None or os.geteuid() != 0:
-        pytest.skip("mounting a size-limited tmpfs needs root (CI runs this as root)")
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True
-    )
-    if result.returncode != 0:
-        pytest.skip(f"mount not permitted here: {result.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small", "8m") as mount:
         examples = tmp_path / "examples.jsonl"
         write_examples(examples, 400, seed=3, min_len=200, max_len=400)  # ~120k tokens
         config = config_for(mount / "work", target_dir, storage="float32")
@@ -149,5 +140,3 @@ def test_disk_budget_refuses_on_a_small_filesystem_before_any_work(target_dir, t
         assert "int8" in message and "online" in message
         assert not list(folder.glob("shard-*"))  # refused before any shard was written
         print(message)
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)

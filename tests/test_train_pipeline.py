@@ -43,3 +43,11 @@ def test_online_training_under_torchrun_skips_the_shards(
     assert second.returncode == 0, second.stderr[-3000:]
     run = json.loads((work_dir / "run.json").read_text())
     assert run["stages"]["train"]["state"] == "Cached"
+
+    # The mode and the disk it saved, where a person looks: inspect and the run report.
+    inspected = run_cli(["inspect", str(work_dir)], cwd=tmp_path)
+    assert "training: online hidden states, 0 B stored" in inspected.stdout, inspected.stdout
+    as_json = json.loads(run_cli(["inspect", str(work_dir), "--json"], cwd=tmp_path).stdout)
+    assert as_json["training"]["hidden_states_mode"] == "online"
+    assert as_json["training"]["feature_bytes_saved"] == info["feature_bytes_saved"]
+    assert "online hidden states" in (work_dir / "run_report.md").read_text()
