@@ -10,10 +10,14 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,19 +62,91 @@ def small_run_overrides(work_dir: Path, model_dir: Path, data_dir: Path) -> list
     ]
 
 
-def run_cli(args: list[str], cwd: Path = ROOT, env: dict | None = None, timeout: int = 1500):
+class SharedPrefectServer:
+    """One real Prefect API server (`prefect server start`, its own SQLite database) for
+    every `eaglet` process the tests start, started on first use and stopped at the end of
+    the session. Without it each `eaglet run` starts Prefect's temporary server and migrates
+    a fresh database: about 12 s per run on this machine, across some 40 runs of the suite.
+    Tests of the temporary server itself (kill -9 takes it along; secrets never reach its
+    database) pass {"PREFECT_API_URL": None} to `cli_env`."""
+
+    process: subprocess.Popen | None = None
+    url: str | None = None
+
+    @classmethod
+    def api_url(cls) -> str:
+        if cls.url is not None:
+            return cls.url
+        from eaglet.draft.serving import free_port
+
+        home = Path(tempfile.mkdtemp(prefix="eaglet-test-prefect-"))
+        port = free_port()
+        cls.process = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+             "--port", str(port), "--no-ui", "--no-scheduler", "--no-late-runs",
+             "--analytics-off"],
+            env={**os.environ, "PREFECT_HOME": str(home)},
+            stdout=open(home / "server.log", "wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}/api"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if cls.process.poll() is not None:
+                raise RuntimeError((home / "server.log").read_text()[-3000:])
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    cls.url = url
+                    return url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        cls.stop()
+        raise RuntimeError(f"the tests' Prefect server did not answer within 300 s: {home}")
+
+    @classmethod
+    def stop(cls) -> None:
+        if cls.process is not None and cls.process.poll() is None:
+            os.killpg(cls.process.pid, signal.SIGTERM)
+            try:
+                cls.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(cls.process.pid, signal.SIGKILL)
+                cls.process.wait()
+        cls.process, cls.url = None, None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_shared_prefect_server():
+    yield
+    SharedPrefectServer.stop()
+
+
+def cli_env(cwd: Path, env: dict[str, str | None] | None = None) -> dict[str, str]:
+    """The environment of an `eaglet` process a test starts: this one's, the session's
+    Prefect server, a Prefect home in `cwd`, then `env` (a None value removes a variable)."""
+    full_env = {
+        **os.environ,
+        "PREFECT_HOME": str(cwd / ".prefect-home"),
+        "PREFECT_API_URL": SharedPrefectServer.api_url(),
+        **(env or {}),
+    }
+    return {key: value for key, value in full_env.items() if value is not None}
+
+
+def run_cli(
+    args: list[str], cwd: Path = ROOT, env: dict[str, str | None] | None = None, timeout=1500
+) -> subprocess.CompletedProcess:
     """Run `python -m eaglet.cli ARGS` in a fresh process, as a user would from a shell."""
-    full_env = {**os.environ, **(env or {})}
-    full_env.setdefault("PREFECT_HOME", str(cwd / ".prefect-home"))
-    result = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "eaglet.cli", *args],
         cwd=cwd,
-        env=full_env,
+        env=cli_env(cwd, env),
         capture_output=True,
         text=True,
         timeout=timeout,
     )
-    return result
 
 
 def write_http_run_config(

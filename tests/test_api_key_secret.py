@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -11,7 +10,7 @@ import pytest
 
 from eaglet.config import TargetConfig
 from eaglet.target import load_tokenizer
-from tests.conftest import run_cli, write_http_run_config
+from tests.conftest import cli_env, run_cli, write_http_run_config
 from tests.fake_servers import FakeServer, serve
 
 pytestmark = pytest.mark.slow
@@ -21,12 +20,11 @@ KEY = "sk-eaglet-test-5f3c9a"
 def test_generate_reads_the_key_from_a_prefect_secret_block(
     tmp_path, fixture_model_dir, sample_data_dir
 ):
-    # The block is saved to, and read from, one Prefect home (its SQLite database).
-    prefect_home = {"PREFECT_HOME": str(tmp_path / ".prefect-home")}
+    # The block is saved to, and read from, one Prefect server: the session's.
     saved = subprocess.run(
         [sys.executable, "-c", "import sys; from prefect.blocks.system import Secret; "
-         "Secret(value=sys.stdin.read()).save('llm-server-key')"],
-        input=KEY, env={**os.environ, **prefect_home},
+         "Secret(value=sys.stdin.read()).save('llm-server-key', overwrite=True)"],
+        input=KEY, env=cli_env(tmp_path),
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert saved.returncode == 0, saved.stderr[-2000:]
@@ -36,11 +34,9 @@ def test_generate_reads_the_key_from_a_prefect_secret_block(
             tmp_path, fixture_model_dir, sample_data_dir, url, samples=4,
             canary_requests=2, api_key_secret="llm-server-key",
         )  # fmt: skip
-        run = run_cli(
-            ["run", str(config_path), "--until", "generate"], cwd=tmp_path, env=prefect_home
-        )
+        run = run_cli(["run", str(config_path), "--until", "generate"], cwd=tmp_path)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        doctor = run_cli(["doctor", str(config_path)], cwd=tmp_path, env=prefect_home)
+        doctor = run_cli(["doctor", str(config_path)], cwd=tmp_path)
         assert doctor.returncode == 0, doctor.stdout[-3000:] + doctor.stderr[-3000:]
     assert len(server.log) == 2 + 4 + 2  # canary, the samples, doctor's canary
     assert {entry["authorization"] for entry in server.log} == {f"Bearer {KEY}"}

@@ -5,7 +5,6 @@ worker is retried (eaglet/errors.py, the `stage_task` declaration in tasks/cachi
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -21,7 +20,7 @@ from eaglet.hidden_states.budget import DiskBudgetError
 from eaglet.prompts import PromptError
 from eaglet.records.io import RecordFileError
 from eaglet.storage import DiskFullError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, cli_env
 
 
 def too_many_failures(transient_failures: int) -> TooManyFailuresError:
@@ -157,16 +156,9 @@ print("RESULT " + json.dumps({"states": states, "calls": calls}))
 """
 
 
-@pytest.mark.slow  # an ephemeral Prefect server: about a minute on a loaded machine
+@pytest.mark.slow  # a flow run against the session's Prefect server
 def test_through_prefect_a_canary_failure_runs_once_and_a_transient_fault_is_retried(tmp_path):
-    env = {
-        **{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},  # ephemeral server
-        "PREFECT_HOME": str(tmp_path / ".prefect-home"),
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",  # a loaded machine
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_LOGGING_LEVEL": "WARNING",
-        "PYTHONPATH": str(ROOT),
-    }
+    env = cli_env(tmp_path, {"PREFECT_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)})
     result = subprocess.run(
         [sys.executable, "-c", FLOW, str(tmp_path / "work")],
         cwd=ROOT,

@@ -18,6 +18,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import cli_env
+
 MARKER = "EAGLET_FAULT_RUN"
 TEMPORARY_SUFFIXES = (".partial", ".tmp", ".temp")
 
@@ -26,9 +28,8 @@ def start_run(args: list[str], cwd: Path, log: Path, env: dict[str, str] | None 
     """`python -m eaglet.cli ARGS` in its own session (so the whole group can be killed), with
     a fresh marker; stdout and stderr go to `log`. Returns (process, marker)."""
     marker = uuid.uuid4().hex
-    full_env = {**os.environ, **(env or {}), MARKER: marker}
-    full_env.setdefault("PREFECT_HOME", str(cwd / ".prefect-home"))
-    full_env.setdefault("OMP_NUM_THREADS", "1")
+    threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    full_env = cli_env(cwd, {**threads, **(env or {}), MARKER: marker})
     handle = open(log, "ab")
     process = subprocess.Popen(
         [sys.executable, "-m", "eaglet.cli", *args],

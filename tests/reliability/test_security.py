@@ -324,11 +324,17 @@ def test_an_api_key_never_reaches_a_file_a_log_or_an_artifact(
     from tests.conftest import run_cli, small_run_overrides, write_http_run_config
     from tests.fake_servers import FakeServer, serve
 
-    home = {"PREFECT_HOME": str(tmp_path / ".prefect-home"), "EAGLET_CANARY_KEY": KEY_ENV}
+    # Its own Prefect home and temporary server: the database file is searched for the keys.
+    home = {
+        "PREFECT_HOME": str(tmp_path / ".prefect-home"),
+        "PREFECT_API_URL": None,
+        "EAGLET_CANARY_KEY": KEY_ENV,
+    }
+    plain_env = {k: v for k, v in {**os.environ, **home}.items() if v is not None}
     saved = subprocess.run(
         [sys.executable, "-c", "import sys; from prefect.blocks.system import Secret; "
          "Secret(value=sys.stdin.read()).save('canary-key')"],
-        input=KEY_BLOCK, env={**os.environ, **home}, capture_output=True, text=True,
+        input=KEY_BLOCK, env=plain_env, capture_output=True, text=True,
         timeout=600,
     )  # fmt: skip
     assert saved.returncode == 0, saved.stderr[-2000:]
@@ -375,7 +381,7 @@ def test_an_api_key_never_reaches_a_file_a_log_or_an_artifact(
     assert {e["authorization"] for e in echo_server.log} == {f"Bearer {KEY_BLOCK}"}
 
     dump = subprocess.run(
-        [sys.executable, "-c", PREFECT_DUMP], env={**os.environ, **home},
+        [sys.executable, "-c", PREFECT_DUMP], env=plain_env,
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert dump.returncode == 0, dump.stderr[-3000:]
