@@ -5,11 +5,14 @@ each used and the τ of each draft; and one against two gloo processes under tor
 2. Offline: the hidden_states stage body writes shards (storage --storage), then the trainer
    reads them. Online: the trainer runs the target on each batch as it trains. Same seed, same
    data, same settings; tokens/s of training, seconds of the extraction, bytes on disk.
-3. τ of both drafts on held-out fixture prompts (eaglet's offline evaluator).
+   With --served, online once more with the states served by a real vLLM CPU server
+   (extract_hidden_states and eaglet's CPU connector, started here from .vllm-venv).
+3. τ of every draft on held-out fixture prompts (eaglet's offline evaluator).
 4. The offline job in one process and under torchrun with two gloo processes (same global
    batch, one thread each): tokens/s of each.
 
     python benchmarks/train_throughput.py [--target /tmp/eaglet-fixture-model] [--samples 96]
+        [--served] [--skip-ddp]
 
 Numbers on a shared machine move with its load; each ratio is measured in one run.
 """
@@ -17,6 +20,7 @@ Numbers on a shared machine move with its load; each ratio is measured in one ru
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -35,9 +39,11 @@ from eaglet.config import (  # noqa: E402
 )
 from eaglet.draft.evaluate import evaluate_draft  # noqa: E402
 from eaglet.draft.launch import launch, pipeline_job, run_job  # noqa: E402
+from eaglet.draft.serving import free_port, vllm_server  # noqa: E402
 from eaglet.fixture.model import eval_prompts, greedy_generate  # noqa: E402
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids  # noqa: E402
 from eaglet.hidden_states.stage import stage_body  # noqa: E402
+from eaglet.hidden_states.vllm import server_args  # noqa: E402
 from eaglet.records.examples import Example  # noqa: E402
 from eaglet.records.io import write_jsonl  # noqa: E402
 from eaglet.target import load_config, load_model, load_tokenizer  # noqa: E402
@@ -78,6 +84,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--eval-prompts", type=int, default=12)
     parser.add_argument("--skip-ddp", action="store_true")
+    parser.add_argument("--served", action="store_true", help="online from a vLLM CPU server too")
+    parser.add_argument("--vllm-python", default=str(ROOT / ".vllm-venv" / "bin" / "python"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     target = TargetConfig(model=args.target, device="cpu")
@@ -128,6 +136,9 @@ def main() -> None:
             seconds = time.time() - started
             results[mode] = {"seconds": seconds, "tokens_per_s": trained(summary) / seconds}
 
+        if args.served:
+            results["served"] = served_online(args, config, work, examples_path, info)
+
         tokenizer = load_tokenizer(target)
         held_out = [
             tokenizer(p, add_special_tokens=False)["input_ids"]
@@ -144,6 +155,13 @@ def main() -> None:
         row("mode", "train s", "train tok/s", "extract s", "disk MiB", "tau")
         row("offline", off["seconds"], off["tokens_per_s"], extract_s, disk / 2**20, off["tau"])
         row("online", on["seconds"], on["tokens_per_s"], 0.0, 0.0, on["tau"])
+        if "served" in results:
+            sv = results["served"]
+            row("served", sv["seconds"], sv["tokens_per_s"], 0.0, 0.0, sv["tau"])
+            ratio = sv["tokens_per_s"] / off["tokens_per_s"]
+            print(f"served online / offline training tokens/s: {ratio:.2f}")
+            print(f"tau served / offline: {sv['tau'] / off['tau']:.4f}")
+            print(f"vLLM server start: {sv['startup_s']:.1f} s (not in train s)")
         print(f"online / offline training tokens/s: {on['tokens_per_s'] / off['tokens_per_s']:.2f}")
         wall_ratio = on["seconds"] / (extract_s + off["seconds"])
         print(f"online / (extract + offline train) wall: {wall_ratio:.2f}")
@@ -165,6 +183,36 @@ def main() -> None:
         speedup = timings[1][1] / timings[2][1]
         print(f"2 / 1 processes training tokens/s: {speedup:.2f}")
         print(f"2 / 1 processes, wall with start-up: {timings[1][0] / timings[2][0]:.2f}")
+
+
+def served_online(args, config: PipelineConfig, work: Path, examples_path: Path, info: dict):
+    """Online training with every micro-batch's states from a vLLM CPU server."""
+    connector = work / "connector"
+    connector.mkdir()
+    num_layers = load_config(config.target).num_hidden_layers
+    command = [
+        args.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", config.target.model, "--served-model-name", "tiny",
+        "--host", "127.0.0.1", "--port", str(free_port()), "--dtype", "float32",
+        "--max-model-len", "1024", "--enforce-eager",
+        *server_args(info["aux_layer_ids"], num_layers, str(connector), cpu=True),
+    ]  # fmt: skip
+    # The server imports eaglet's CPU-safe connector from this checkout.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.getenv("PYTHONPATH")]))
+    started = time.time()
+    with vllm_server(command, work / "vllm.log", startup_timeout_s=900) as url:
+        startup_s = time.time() - started
+        settings = config.hidden_states.model_copy(
+            update={"backend": "vllm", "endpoints": [url], "concurrency": 4}
+        )
+        served = config.model_copy(update={"hidden_states": settings})
+        job = pipeline_job(served, work / "served", examples_path=examples_path)
+        started = time.time()
+        summary = run_job(job)
+        seconds = time.time() - started
+    left = list(connector.iterdir())
+    print(f"served: {len(left)} connector files left on disk")
+    return {"seconds": seconds, "tokens_per_s": trained(summary) / seconds, "startup_s": startup_s}
 
 
 def trained(summary: dict) -> float:
