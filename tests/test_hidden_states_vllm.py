@@ -1,7 +1,9 @@
 """The vllm backend against a real vLLM CPU server (extract_hidden_states + eaglet's CPU-safe
 connector): its states equal the hf backend's at the same layer ids within fp32 tolerance,
 which proves the layer-id convention (id i = HF hidden_states[i]) and the post-norm final
-state; the stage writes the same shards through either backend."""
+state; the stage writes the same shards through either backend; online training with served
+features (fetched ahead through the bounded queue) trains the draft co-located features train.
+One server for the module: starting one takes most of a minute on CPU."""
 
 from __future__ import annotations
 
@@ -11,8 +13,13 @@ import os
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
+from eaglet.config import TrainConfig
+from eaglet.draft.online import OnlineData, Served
+from eaglet.draft.train import train_draft
 from eaglet.hidden_states.hf import HFBackend
+from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
 from eaglet.hidden_states.shards import read_window
 from eaglet.hidden_states.stage import stage_body
 from eaglet.hidden_states.vllm import VllmBackend, VllmFeatureSource, server_args
@@ -119,3 +126,33 @@ def test_feature_source_streams_samples_as_the_shards_hold_them(served, tmp_path
         assert item["loss_mask"].dtype == torch.bool
         assert item["aux_hidden_states"].shape == (n, 3 * H)
         assert item["final_hidden_states"].dtype == torch.float32
+
+
+def test_served_online_draft_matches_colocated(served, tmp_path):
+    config, storage = served
+    aux = [2, 4, 5]
+    examples_path = tmp_path / "examples.jsonl"
+    write_examples(examples_path, 16, seed=6, max_len=80)
+    train = TrainConfig(
+        epochs=1, batch_size=4, draft_vocab_size=512, log_every=1, threads=1, device="cpu"
+    )
+    colocated = OnlineData(examples_path, config.target, aux, max_seq_len=train.max_seq_len)
+    train_draft(colocated, config.target, tmp_path / "co", train, aux, AUX_LAYER_CONVENTION)
+
+    served_data = OnlineData(
+        examples_path,
+        config.target,
+        aux,
+        max_seq_len=train.max_seq_len,
+        source=Served(config.target, config.hidden_states),
+        prefetch=2,
+    )
+    summary = train_draft(
+        served_data, config.target, tmp_path / "served", train, aux, AUX_LAYER_CONVENTION
+    )
+    assert summary["steps"] == 4 and summary["hidden_states"] == "online"
+    assert not list(storage.iterdir())  # nothing kept on disk beyond the queue
+    a = load_file(str(tmp_path / "co" / "draft" / "model.safetensors"))
+    b = load_file(str(tmp_path / "served" / "draft" / "model.safetensors"))
+    for name in a:  # states equal within fp32 tolerance, so the weights after 4 steps too
+        torch.testing.assert_close(a[name], b[name], rtol=1e-3, atol=1e-3, msg=name)
