@@ -269,6 +269,24 @@ class HiddenStatesConfig(_Strict):
     request_timeout_s: float = Field(
         600.0, gt=0.0, le=86_400.0, description="vllm backend: seconds one request may take."
     )
+    vllm_python: str | None = Field(
+        None,
+        description="vllm backend: the python of a vLLM venv on this machine. Set, the "
+        "hidden_states stage (and online training) starts its own server for the target with "
+        "extract_hidden_states and the connector, uses it instead of endpoints, and stops it "
+        "when done (CPU: eaglet's connector; GPU: vLLM's stock one).",
+    )
+    vllm_args: list[str] = Field(
+        default_factory=list,
+        description="vllm backend: more flags for the server eaglet starts (e.g. "
+        "--tensor-parallel-size 8, --max-model-len 32768).",
+    )
+    startup_timeout_s: float = Field(
+        900.0,
+        gt=0.0,
+        le=86_400.0,
+        description="vllm backend: seconds the server eaglet starts may take to be healthy.",
+    )
 
 
 class TrainConfig(_Strict):

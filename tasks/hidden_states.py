@@ -19,6 +19,7 @@ from prefect import get_run_logger, task, unmapped
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from eaglet.config import ExecutionConfig, PipelineConfig
+from eaglet.errors import PermanentError
 from eaglet.hidden_states.stage import (
     ShardSpec,
     backend_factory,
@@ -26,6 +27,7 @@ from eaglet.hidden_states.stage import (
     prepare_stage,
     stage_body,
 )
+from eaglet.hidden_states.vllm import started_server
 from eaglet.storage import read_manifest, stage_dir
 from tasks.caching import partial_folder, run_stage_task, stage_task
 
@@ -110,9 +112,17 @@ def map_hidden_state_shards(config: PipelineConfig, examples: dict) -> list[dict
     shards = hidden_states_plan(config, examples)
     if not shards:
         return []
-    with task_runner(config.execution) as runner:
-        futures = runner.map(
-            hidden_states_shard,
-            {"config": unmapped(config), "examples": unmapped(examples), "shard": shards},
+    if config.hidden_states.vllm_python and config.execution.dask_address:
+        raise PermanentError(
+            "hidden_states.vllm_python starts a vLLM server on 127.0.0.1, which the workers of "
+            f"the Dask cluster at {config.execution.dask_address} cannot reach: start servers "
+            "they can reach and list them in hidden_states.endpoints"
         )
-        return [future.result() for future in futures]
+    folder = Path(shards[0]["folder"])
+    with started_server(config, folder, get_run_logger().info) as run:
+        with task_runner(config.execution) as runner:
+            futures = runner.map(
+                hidden_states_shard,
+                {"config": unmapped(run), "examples": unmapped(examples), "shard": shards},
+            )
+            return [future.result() for future in futures]

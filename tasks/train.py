@@ -8,6 +8,7 @@ resumes from the last checkpoint with the same draft vocabulary.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from prefect.artifacts import (
 from eaglet.config import PipelineConfig
 from eaglet.draft.export import write_exports
 from eaglet.draft.launch import feature_disk, pipeline_job, run_training
+from eaglet.hidden_states.vllm import started_server
 from eaglet.progress import Throttle
 from eaglet.storage import StageOutput, stage_dir
 from tasks.caching import run_stage_task, stage_task
@@ -61,14 +63,17 @@ def train(
         )
 
     def body(folder: Path) -> StageOutput:
-        job = pipeline_job(
-            config,
-            folder,
-            features_dir=features_dir,
-            features_info=None if online else features["info"],
-            examples_path=examples_path,
-        )
-        summary = run_training(job, config.train.nproc_per_node, progress, logger.info)
+        # Online with hidden_states.vllm_python: a vLLM server of eaglet's own serves the
+        # features while training runs (otherwise `run` is `config`).
+        with started_server(config, folder, logger.info) if online else nullcontext(config) as run:
+            job = pipeline_job(
+                run,
+                folder,
+                features_dir=features_dir,
+                features_info=None if online else features["info"],
+                examples_path=examples_path,
+            )
+            summary = run_training(job, config.train.nproc_per_node, progress, logger.info)
         summary["exports"] = write_exports(folder / "draft", config.target, config.train.ttt_length)
         info = {
             **summary,

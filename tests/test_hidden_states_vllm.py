@@ -8,7 +8,7 @@ One server for the module: starting one takes most of a minute on CPU."""
 from __future__ import annotations
 
 import json
-import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,10 +22,9 @@ from eaglet.hidden_states.hf import HFBackend
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
 from eaglet.hidden_states.shards import read_window
 from eaglet.hidden_states.stage import stage_body
-from eaglet.hidden_states.vllm import VllmBackend, VllmFeatureSource, server_args
-from eaglet.target import load_config
+from eaglet.hidden_states.vllm import VllmBackend, VllmFeatureSource, started_server
 from tests.hidden_states_helpers import config_for, write_examples
-from tests.vllm_server import ROOT, vllm_python, vllm_server
+from tests.vllm_server import vllm_python
 
 pytestmark = [
     pytest.mark.vllm,
@@ -33,35 +32,46 @@ pytestmark = [
 ]
 
 
+def processes_naming(text: str) -> list[int]:
+    """Pids of live processes whose command line contains `text`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+# The fixture target in float32, eager (no compile on CPU), its own 1024-token context.
+SERVER_ARGS = ["--enforce-eager", "--max-model-len", "1024"]
+
+
+def eaglet_started(config, vllm_python: Path):
+    """`config` with the vllm backend and a server eaglet starts itself (vllm_python)."""
+    settings = config.hidden_states.model_copy(
+        update={
+            "backend": "vllm",
+            "vllm_python": str(vllm_python),
+            "vllm_args": SERVER_ARGS,
+            "concurrency": 4,
+        }
+    )
+    return config.model_copy(update={"hidden_states": settings})
+
+
 @pytest.fixture(scope="module")
 def served(fixture_model_dir, tmp_path_factory):
-    """A vLLM server extracting the aux layers (2, 4, 5) and the last layer of the fixture."""
+    """A vLLM server extracting the aux layers (2, 4, 5) and the last layer of the fixture,
+    started by eaglet's own `started_server` (the command, the CPU connector on the server's
+    PYTHONPATH, the served name)."""
     folder = tmp_path_factory.mktemp("vllm-hs")
-    storage = folder / "connector"
-    storage.mkdir()
     config = config_for(folder / "work", fixture_model_dir, aux_layer_ids=[2, 4, 5])
-    num_layers = load_config(config.target).num_hidden_layers
-    args = server_args([2, 4, 5], num_layers, str(storage), cpu=True)
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(ROOT) + (os.pathsep + old if old else "")
-    try:
-        log = folder / "vllm.log"
-        with vllm_server(fixture_model_dir, log, extra_args=args, timeout=600) as url:
-            yield (
-                config.model_copy(
-                    update={
-                        "hidden_states": config.hidden_states.model_copy(
-                            update={"endpoints": [url], "backend": "vllm", "concurrency": 4}
-                        )
-                    }
-                ),
-                storage,
-            )
-    finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
+    with started_server(eaglet_started(config, vllm_python()), folder) as run:
+        assert run.hidden_states.endpoints[0].startswith("http://127.0.0.1:")
+        yield run, folder / "connector"
+    assert not (folder / "connector").exists()  # removed with the server
 
 
 def test_vllm_states_equal_hf_at_the_same_layer_ids(served, tmp_path):
@@ -81,22 +91,29 @@ def test_vllm_states_equal_hf_at_the_same_layer_ids(served, tmp_path):
     vllm.close()
 
 
-def test_stage_through_vllm_writes_the_shards_hf_writes(served, tmp_path):
-    config, _ = served
+def test_stage_starts_its_own_server_and_writes_the_shards_hf_writes(fixture_model_dir, tmp_path):
+    """hidden_states.vllm_python: the stage starts a vLLM server on its first unfinished
+    shard, stops it at the end (log kept, connector files removed), and writes the shards
+    and index the hf backend writes."""
     examples_path = tmp_path / "examples.jsonl"
     write_examples(examples_path, 20, seed=5, max_len=80)
-    vllm_config = config.model_copy(
+    config = config_for(tmp_path / "work", fixture_model_dir, aux_layer_ids=[2, 4, 5])
+    config = config.model_copy(
         update={"hidden_states": config.hidden_states.model_copy(update={"shard_tokens": 256})}
     )
-    hf_config = config.model_copy(
-        update={"hidden_states": vllm_config.hidden_states.model_copy(update={"backend": "hf"})}
-    )
+    vllm_config = eaglet_started(config, vllm_python())
+    hf_config = config
     outputs = {}
     for name, cfg in (("vllm", vllm_config), ("hf", hf_config)):
         folder = tmp_path / name
         folder.mkdir()
         outputs[name] = stage_body(cfg, examples_path, report=lambda _: None)(folder)
+    assert outputs["vllm"].info["backend"] == "vllm"
     assert outputs["vllm"].info["shards"] == outputs["hf"].info["shards"]
+    assert (tmp_path / "vllm" / "vllm_server.log").stat().st_size > 0
+    connector = str(tmp_path / "vllm" / "connector")
+    assert not (tmp_path / "vllm" / "connector").exists()
+    assert not processes_naming(connector), "the server outlived the stage"
     index = (tmp_path / "hf" / "index.jsonl").read_text()
     assert (tmp_path / "vllm" / "index.jsonl").read_text() == index
     for row in map(json.loads, index.splitlines()):

@@ -1,7 +1,7 @@
 """Serving-verified acceptance: the draft inside a real vLLM server, measured by its own counters.
 
-Owns starting and stopping a vLLM server for the target with the draft as its `eagle3`
-speculative model (`vllm_server`: its own process group, stopped by signalling the group),
+Owns the command of a vLLM server for the target with the draft as its `eagle3` speculative
+model (started and stopped by `eaglet.vllm_server`),
 reading the spec-decode counters of `GET /metrics` (`read_counters`), and `served_acceptance`:
 send the held-out prompts as token ids (greedy, the evaluation's max_new_tokens and end tokens),
 read the counters before and after, and turn the deltas into tau = 1 + accepted / drafts and the
@@ -15,15 +15,9 @@ measurement is counted too.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +26,7 @@ import httpx
 from eaglet.config import EvaluateConfig, TargetConfig
 from eaglet.errors import PermanentError
 from eaglet.target import load_config
+from eaglet.vllm_server import free_port, vllm_server
 
 PREFIX = "vllm:spec_decode_"
 DRAFTS = PREFIX + "num_drafts_total"
@@ -214,60 +209,6 @@ def vllm_command(
     return command + list(extra_args)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def stop_process_group(process: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """SIGTERM the group of a process started with `start_new_session=True`, SIGKILL it after
-    `grace_s` if anything is left."""
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-@contextmanager
-def vllm_server(command: list[str], log_path: Path, startup_timeout_s: float) -> Iterator[str]:
-    """Run `command` (a vLLM OpenAI server on 127.0.0.1, its `--port` in it) in its own process
-    group, wait for `/health`, yield the base URL, and stop the whole group afterwards."""
-    port = command[command.index("--port") + 1]
-    base_url = f"http://127.0.0.1:{port}"
-    env = dict(os.environ)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; read by the CPU backend only
-    log_path = Path(log_path)
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        try:
-            deadline = time.time() + startup_timeout_s
-            while True:
-                if process.poll() is not None:
-                    raise ServingError(
-                        f"vLLM exited with {process.returncode} while starting; see {log_path}"
-                    )
-                try:
-                    if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.time() > deadline:
-                    raise ServingError(
-                        f"vLLM not healthy after {startup_timeout_s:.0f} s "
-                        f"(evaluate.serving_startup_timeout_s); see {log_path}"
-                    )
-                time.sleep(1)
-            yield base_url
-        finally:
-            stop_process_group(process)
-
-
 def check_gap(served: dict, offline_tau: float, max_gap: float, where: str) -> float:
     """|served tau - offline tau| at the same k; above `max_gap` a `ServingGapError` with both."""
     gap = abs(served["tau"] - offline_tau)
@@ -307,6 +248,9 @@ def measure_served(
     command = vllm_command(
         settings.vllm_python, target, draft_dir, k, free_port(), max_model_len, settings.vllm_args
     )
-    with vllm_server(command, log_path, settings.serving_startup_timeout_s) as base_url:
+    with vllm_server(
+        command, log_path, settings.serving_startup_timeout_s,
+        timeout_setting="evaluate.serving_startup_timeout_s",
+    ) as base_url:  # fmt: skip
         served = served_acceptance(base_url, **measure)
     return dict(served, server="started by eaglet", command=command)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -293,13 +294,25 @@ def make_backend(config: PipelineConfig):
     )
 
 
-def backend_factory(config: PipelineConfig) -> Callable[[], Any]:
-    """A factory that builds the backend on first use (skipped shards never load a model)."""
+def backend_factory(
+    config: PipelineConfig,
+    stack: ExitStack | None = None,
+    folder: Path | None = None,
+    report: Callable[[str], None] = print,
+) -> Callable[[], Any]:
+    """A factory that builds the backend on first use: skipped shards never load a model. With
+    a `stack`, a vLLM server of eaglet's own (`hidden_states.vllm_python`) is started in
+    `folder` on first use too, and stops when the stack closes."""
     made: list = []
 
     def get():
         if not made:
-            made.append(make_backend(config))
+            run = config
+            if stack is not None:
+                from eaglet.hidden_states.vllm import started_server
+
+                run = stack.enter_context(started_server(config, folder, report))
+            made.append(make_backend(run))
         return made[0]
 
     return get
@@ -341,15 +354,16 @@ def stage_body(
         settings = config.hidden_states
         num_layers, hidden_size, ids = target_shape(config)
         specs = prepare_stage(config, folder, examples_path)
-        get_backend = backend_factory(config)
         progress = Progress(sum(s.tokens for s in specs), report)
-        for spec in specs:
-            record = build_shard(
-                folder, examples_path, spec, get_backend, settings.storage, verify_hash
-            )
-            progress.add(spec.tokens, force=not record["skipped"])
-            if on_progress is not None:
-                on_progress(progress.fraction)
+        with ExitStack() as stack:  # a vLLM server eaglet started stops when the loop ends
+            get_backend = backend_factory(config, stack, folder, report)
+            for spec in specs:
+                record = build_shard(
+                    folder, examples_path, spec, get_backend, settings.storage, verify_hash
+                )
+                progress.add(spec.tokens, force=not record["skipped"])
+                if on_progress is not None:
+                    on_progress(progress.fraction)
         files = write_index(folder, specs)
         info = stage_info(specs, settings.storage, settings.backend, ids, num_layers, hidden_size)
         counts = {"records": info["samples"], "tokens": info["tokens"]}

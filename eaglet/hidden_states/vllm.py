@@ -11,6 +11,10 @@ the whole model) to get the post-norm state the shards hold.
 
 `VllmFeatureSource.batches(examples)` streams the same per-sample tensors (bounded: at most
 `2 * concurrency` samples in flight or waiting) for online training.
+
+`started_server` starts that server on this machine for a stage when `hidden_states.vllm_python`
+is set, and stops it when the stage is done; otherwise `hidden_states.endpoints` name servers
+someone else runs (a serving fleet, another node).
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from itertools import cycle
 from pathlib import Path
 
@@ -29,10 +35,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from eaglet.config import HiddenStatesConfig, TargetConfig
+import eaglet
+from eaglet.config import HiddenStatesConfig, PipelineConfig, TargetConfig
 from eaglet.hidden_states.layers import resolve_aux_layer_ids
 from eaglet.records.examples import Example
-from eaglet.target import load_config
+from eaglet.target import load_config, resolve_device
+from eaglet.vllm_server import free_port, vllm_server
 
 CPU_CONNECTOR = ("CpuHiddenStatesConnector", "eaglet.hidden_states.vllm_cpu_connector")
 STOCK_CONNECTOR = (
@@ -73,6 +81,51 @@ def server_args(
         "--kv-transfer-config",
         json.dumps(transfer),
     ]
+
+
+@contextmanager
+def started_server(
+    config: PipelineConfig, folder: Path, report: Callable[[str], None] = print
+) -> Iterator[PipelineConfig]:
+    """`config` unchanged, unless the vllm backend has `hidden_states.vllm_python`: then a
+    server for the target started here (log `folder/vllm_server.log`, connector files in
+    `folder/connector`, removed afterwards), and `config` with `endpoints` naming it."""
+    settings, target = config.hidden_states, config.target
+    if settings.backend != "vllm" or not settings.vllm_python:
+        yield config
+        return
+    num_layers = load_config(target).num_hidden_layers
+    aux_layer_ids = resolve_aux_layer_ids(settings.aux_layer_ids, num_layers)
+    connector = Path(folder) / "connector"
+    connector.mkdir(parents=True, exist_ok=True)
+    cpu = resolve_device(target.device) == "cpu"
+    command = [
+        settings.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", target.model, "--served-model-name", settings.served_model,
+        "--host", "127.0.0.1", "--port", str(free_port()), "--dtype", target.dtype,
+    ]  # fmt: skip
+    if target.revision:
+        command += ["--revision", target.revision]
+    if target.trust_remote_code:
+        command += ["--trust-remote-code"]
+    command += server_args(aux_layer_ids, num_layers, str(connector), cpu=cpu)
+    command += settings.vllm_args
+    env = {}
+    if cpu:  # the server imports eaglet's CPU-safe connector from this installation
+        package_root = str(Path(eaglet.__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, os.getenv("PYTHONPATH")]))
+    log_path = Path(folder) / "vllm_server.log"
+    report(f"hidden states: starting a vLLM server for {target.model} (log {log_path})")
+    try:
+        with vllm_server(
+            command, log_path, settings.startup_timeout_s, env=env,
+            timeout_setting="hidden_states.startup_timeout_s",
+        ) as url:  # fmt: skip
+            report(f"hidden states: vLLM server up at {url}")
+            served = settings.model_copy(update={"endpoints": [url], "connector_path": None})
+            yield config.model_copy(update={"hidden_states": served})
+    finally:
+        shutil.rmtree(connector, ignore_errors=True)
 
 
 def _weight_file(model_dir: Path, name: str) -> Path:
