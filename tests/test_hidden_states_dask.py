@@ -14,7 +14,6 @@ from prefect import flow  # noqa: E402
 from prefect.settings import (  # noqa: E402
     PREFECT_API_URL,
     PREFECT_HOME,
-    PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
     temporary_settings,
 )
 
@@ -22,6 +21,7 @@ from eaglet.hidden_states.stage import stage_body  # noqa: E402
 from eaglet.storage import Manifest, stage_folder  # noqa: E402
 from tasks.caching import run_stage_task  # noqa: E402
 from tasks.hidden_states import map_hidden_state_shards  # noqa: E402
+from tests.conftest import SharedPrefectServer  # noqa: E402
 from tests.hidden_states_helpers import config_for, tiny_target, write_examples  # noqa: E402
 
 
@@ -70,13 +70,12 @@ def test_two_dask_workers_build_the_serial_runs_shards(tmp_path, monkeypatch):
         update={"execution": serial.execution.model_copy(update={"task_runner": "dask"})}
     )
     examples = examples_manifest(mapped.work_dir, tmp_path / "examples.jsonl")
-    # a temporary Prefect server of its own, given time to start on a loaded machine
+    # the session's Prefect server: a temporary one would live on inside pytest
     with temporary_settings(
         updates={
             PREFECT_HOME: str(tmp_path / ".prefect-home"),
-            PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 300,
-        },
-        restore_defaults={PREFECT_API_URL},
+            PREFECT_API_URL: SharedPrefectServer.api_url(),
+        }
     ):
         records = shards_flow(mapped, examples)
     assert len(records) == len(serial_manifest.info["shards"]) > 3

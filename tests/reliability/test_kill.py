@@ -226,13 +226,10 @@ def test_sigkill_inside_every_stage_then_rerun_equals_an_uninterrupted_run(
     leftovers = {k["stage"]: k["leftover"] for k in kills if k["leftover"]}
     assert not leftovers, f"processes outlived the killed process group: {leftovers}"
     inside = [k["stage"] for k in kills if k["inside"]]
-    # The long stages have a partial folder to kill in, unless an earlier kill landed just
-    # after one finished it (a resumed stage runs shorter than the reference's); the watcher
-    # may miss a stage that takes a few milliseconds.
-    long_stages = {"generate", "hidden_states", "train"}
-    reachable = {k["stage"] for k in kills if not k["done_before"]}
-    assert long_stages & reachable <= set(inside), kills
-    assert long_stages & set(inside), kills
+    # Where each kill lands is random: a resumed stage runs shorter than the reference run's,
+    # so a kill may land just after its stage, and the watcher may miss a stage that takes a
+    # few milliseconds. At least one long stage is killed inside its partial folder.
+    assert {"generate", "hidden_states", "train"} & set(inside), kills
 
     process, marker = start_run(args, tmp_path, tmp_path / "run.log")
     try:
