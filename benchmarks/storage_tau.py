@@ -26,21 +26,23 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from benchmarks.train_throughput import folder_bytes, make_examples  # noqa: E402
+from benchmarks.train_throughput import (  # noqa: E402
+    benchmark_train_config,
+    folder_bytes,
+    held_out_prompts,
+    write_fixture_examples,
+)
 from eaglet.config import (  # noqa: E402
     HiddenStatesConfig,
     PipelineConfig,
     TargetConfig,
-    TrainConfig,
 )
 from eaglet.draft.evaluate import evaluate_draft  # noqa: E402
 from eaglet.draft.launch import pipeline_job, run_job  # noqa: E402
-from eaglet.fixture.model import eval_prompts  # noqa: E402
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids  # noqa: E402
 from eaglet.hidden_states.stage import stage_body  # noqa: E402
 from eaglet.hidden_states.storage import STORAGES  # noqa: E402
-from eaglet.records.io import write_jsonl  # noqa: E402
-from eaglet.target import load_config, load_tokenizer  # noqa: E402
+from eaglet.target import load_config  # noqa: E402
 
 
 def main() -> None:
@@ -60,28 +62,13 @@ def main() -> None:
         "aux_layer_ids": resolve_aux_layer_ids(None, num_layers),
         "aux_layer_convention": AUX_LAYER_CONVENTION,
     }
-    tokenizer = load_tokenizer(target)
-    held_out = [
-        tokenizer(p, add_special_tokens=False)["input_ids"]
-        for p in eval_prompts(args.eval_prompts, seed=7)
-    ]
+    held_out = held_out_prompts(target, args.eval_prompts)
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        examples = make_examples(target, args.samples, 1, args.max_new_tokens)
-        examples_path = work / "examples.jsonl"
-        write_jsonl(examples_path, examples)
-        tokens = sum(len(e.input_ids) for e in examples)
-        print(f"{len(examples)} examples, {tokens} tokens, hidden size {hidden_size}")
-        train = TrainConfig(
-            epochs=args.epochs,
-            batch_size=8,
-            draft_vocab_size=4096,
-            holdout_fraction=0.0,
-            threads=1,
-            device="cpu",
-            log_every=1000,
-        )
+        examples_path, tokens = write_fixture_examples(target, args, work)
+        print(f"hidden size {hidden_size}")
+        train = benchmark_train_config(args.epochs)
         results = {}
         for storage in args.storages:
             config = PipelineConfig(

@@ -75,6 +75,36 @@ def make_examples(target: TargetConfig, n: int, seed: int, max_new_tokens: int) 
     return examples
 
 
+def write_fixture_examples(target: TargetConfig, args, work: Path) -> tuple[Path, int]:
+    """`work/examples.jsonl`: the target's greedy answers to `args.samples` fixture prompts;
+    returns the path and the number of tokens."""
+    examples = make_examples(target, args.samples, 1, args.max_new_tokens)
+    examples_path = work / "examples.jsonl"
+    write_jsonl(examples_path, examples)
+    tokens = sum(len(e.input_ids) for e in examples)
+    print(f"{len(examples)} examples, {tokens} tokens, target {target.model}")
+    return examples_path, tokens
+
+
+def benchmark_train_config(epochs: int) -> TrainConfig:
+    """The training settings every benchmark run shares: one thread, CPU, no held-out part."""
+    return TrainConfig(
+        epochs=epochs,
+        batch_size=8,
+        draft_vocab_size=4096,
+        holdout_fraction=0.0,
+        threads=1,
+        device="cpu",
+        log_every=1000,
+    )
+
+
+def held_out_prompts(target: TargetConfig, n: int) -> list[list[int]]:
+    """Token ids of `n` fixture prompts the examples never used (seed 7)."""
+    tokenizer = load_tokenizer(target)
+    return [tokenizer(p, add_special_tokens=False)["input_ids"] for p in eval_prompts(n, seed=7)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--target", default="/tmp/eaglet-fixture-model")
@@ -92,20 +122,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        examples = make_examples(target, args.samples, 1, args.max_new_tokens)
-        examples_path = work / "examples.jsonl"
-        write_jsonl(examples_path, examples)
-        tokens = sum(len(e.input_ids) for e in examples)
-        print(f"{len(examples)} examples, {tokens} tokens, target {args.target}")
-        train = TrainConfig(
-            epochs=args.epochs,
-            batch_size=8,
-            draft_vocab_size=4096,
-            holdout_fraction=0.0,
-            threads=1,
-            device="cpu",
-            log_every=1000,
-        )
+        examples_path, tokens = write_fixture_examples(target, args, work)
+        train = benchmark_train_config(args.epochs)
         config = PipelineConfig(
             work_dir=str(work),
             target=target,
@@ -139,11 +157,7 @@ def main() -> None:
         if args.served:
             results["served"] = served_online(args, config, work, examples_path, info)
 
-        tokenizer = load_tokenizer(target)
-        held_out = [
-            tokenizer(p, add_special_tokens=False)["input_ids"]
-            for p in eval_prompts(args.eval_prompts, seed=7)
-        ]
+        held_out = held_out_prompts(target, args.eval_prompts)
         for mode, result in results.items():
             draft = work / mode / "draft"
             result["tau"] = evaluate_draft(draft, target, held_out, 4, 64, untrained_seed=None)[
