@@ -505,12 +505,28 @@ def check_disk_budget(
     )
 
 
+def check_vllm_python(config: PipelineConfig, report: PreflightReport) -> None:
+    """hidden_states.vllm_python names an executable (the server is started only at the
+    hidden_states or train stage, hours into a run)."""
+    python = config.hidden_states.vllm_python
+    if config.hidden_states.backend != "vllm" or not python:
+        return
+    if not (Path(python).is_file() and os.access(python, os.X_OK)):
+        report.problems.append(
+            f"hidden_states.vllm_python: {python} is not an executable file: give the python "
+            "of a venv with vLLM installed (e.g. .vllm-venv/bin/python)"
+        )
+        return
+    report.passed.append(f"hidden_states.vllm_python {python}: executable")
+
+
 def preflight(config: PipelineConfig) -> PreflightReport:
     """Every check that needs only the config, the target's config.json and tokenizer; see
     the module docstring. Never raises for a bad config: the report lists the problems."""
     report = PreflightReport()
     rows = check_datasets(config, report)
     check_work_dir(config, report)
+    check_vllm_python(config, report)
     load_target(config, report)
     model_config, tokenizer = report.model_config, report.tokenizer
     if model_config is not None:

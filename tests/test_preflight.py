@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -289,3 +290,13 @@ def test_doctor_recommends_online_training_when_the_shards_may_not_fit(setup, tm
         report = preflight(PipelineConfig.model_validate(online))
         assert report.ok and not report.recommendations, report.render()
         assert any("online training stores no hidden-state shards" in p for p in report.passed)
+
+
+def test_a_vllm_python_that_is_not_there_is_named_before_any_stage(setup, tmp_path):
+    problems = run(
+        setup,
+        hidden_states__backend="vllm",
+        hidden_states__vllm_python=str(tmp_path / "no-venv" / "bin" / "python"),
+    )
+    assert any(p.startswith("hidden_states.vllm_python:") for p in problems), problems
+    assert not run(setup, hidden_states__backend="vllm", hidden_states__vllm_python=sys.executable)
