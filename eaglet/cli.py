@@ -46,7 +46,6 @@ def _start_temporary_prefect_server() -> None:
     run and stops it at exit; after a kill -9 it stayed alive. Start that server here, from
     the main thread (PR_SET_PDEATHSIG follows the thread that forked), so that it dies with
     this process. Prefect reuses it: the temporary server is one shared instance."""
-    from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import (
         PREFECT_API_URL,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
@@ -54,7 +53,8 @@ def _start_temporary_prefect_server() -> None:
     )
 
     if PREFECT_API_URL.value():
-        return
+        return  # a real server: its module (about 5 s of imports) is not needed
+    from prefect.server.api.server import SubprocessASGIServer
 
     class DiesWithParent(SubprocessASGIServer):
         def _run_uvicorn_command(self) -> subprocess.Popen:

@@ -34,8 +34,8 @@ from tests.reliability.conftest import (
 
 pytestmark = pytest.mark.slow
 
-# Two seeds (seven kills each, one per stage, ~2 min a seed); others with EAGLET_KILL_SEEDS="3 4".
-SEEDS = [int(seed) for seed in os.environ.get("EAGLET_KILL_SEEDS", "1 2").split()]
+# One seed in CI (seven kills, one per stage, ~2 min); more with EAGLET_KILL_SEEDS="1 2 3".
+SEEDS = [int(seed) for seed in os.environ.get("EAGLET_KILL_SEEDS", "1").split()]
 POLL_S = 0.005
 RUN_TIMEOUT_S = 900
 # Files whose content depends on the clock (timings, plots, checkpoints kept only to resume).
