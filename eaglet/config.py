@@ -223,7 +223,8 @@ class HiddenStatesConfig(_Strict):
     aux_layer_ids: list[int] | None = Field(
         None,
         description="Target layers whose states feed the draft, in the vLLM/speculators "
-        "convention (id i = HF hidden_states[i], the input of layer i). None = (2, N//2, N-3).",
+        "convention (id i = HF hidden_states[i], the input of layer i; 0 = the embeddings, "
+        "which SGLang's convention cannot name). None = (2, N//2, N-3).",
     )
     shard_tokens: int = Field(
         65536, ge=256, description="Tokens per safetensors shard before a new one is started."

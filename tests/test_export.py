@@ -5,6 +5,7 @@ naming the layer ids that engine needs. Real vLLM loading is in tests/test_servi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,8 +32,8 @@ from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
 IDS = [2, 5, 9]
 
 
-@pytest.fixture
-def exported(tmp_path):
+def export_draft(tmp_path: Path, ids: list[int]):
+    """A small random draft saved with `ids` and every export written beside it."""
     torch.manual_seed(0)
     config = Eagle3Config(
         hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
@@ -40,7 +41,7 @@ def exported(tmp_path):
     )  # fmt: skip
     draft = Eagle3Draft(config)
     draft.set_vocab(torch.arange(20) * 2, torch.arange(50) % 5 == 0)
-    save_draft(draft, tmp_path / "train" / "draft", IDS, AUX_LAYER_CONVENTION)
+    save_draft(draft, tmp_path / "train" / "draft", ids, AUX_LAYER_CONVENTION)
     Qwen3Config(
         hidden_size=32, num_hidden_layers=10, vocab_size=50, architectures=["Qwen3ForCausalLM"]
     ).save_pretrained(
@@ -49,6 +50,21 @@ def exported(tmp_path):
     target = TargetConfig(model=str(tmp_path / "target"))
     folders = write_exports(tmp_path / "train" / "draft", target, num_speculative_tokens=3)
     return draft, tmp_path / "train", folders
+
+
+@pytest.fixture
+def exported(tmp_path):
+    return export_draft(tmp_path, IDS)
+
+
+def test_a_draft_fed_the_embeddings_gets_no_sglang_export(tmp_path):
+    """Id 0 (the embeddings) has no name in SGLang's convention: the vLLM and speculators
+    exports are written, the SGLang one is left out rather than written wrong."""
+    _, root, folders = export_draft(tmp_path, [0, 4, 5])
+    assert folders == {"vllm": "draft", "speculators": SPECULATORS_FOLDER}
+    assert not (root / SGLANG_FOLDER).exists()
+    speculators = json.loads((root / SPECULATORS_FOLDER / "config.json").read_text())
+    assert speculators["eagle_aux_hidden_state_layer_ids"] == [0, 4, 5]
 
 
 def test_each_export_names_the_ids_its_engine_reads(exported):

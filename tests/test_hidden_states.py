@@ -17,6 +17,7 @@ from eaglet.hidden_states.budget import (
     estimate_bytes,
 )
 from eaglet.hidden_states.hf import HFBackend, length_batches
+from eaglet.hidden_states.layers import resolve_aux_layer_ids
 from eaglet.hidden_states.shards import read_window, write_safetensors_hashed
 from eaglet.hidden_states.stage import plan_shards, stage_body
 from eaglet.hidden_states.storage import bytes_per_token, decode, encode
@@ -136,3 +137,12 @@ def test_budget_estimate_and_refusal_names_both_numbers(tmp_path):
     assert "free" in message and "hidden_states.storage=int8" in message
     assert "train.hidden_states: online" in message
     check_disk_budget(tmp_path, num_tokens=10, hidden_size=64, storage="int8")  # fits
+
+
+def test_layer_ids_run_from_the_embeddings_to_the_last_layers_input():
+    """Id 0 (the embeddings) is a layer vLLM can feed a draft; id num_layers is not (HF's is
+    after the final norm, vLLM's before it), nor is anything below 0."""
+    assert resolve_aux_layer_ids([0, 4, 7], num_layers=8) == [0, 4, 7]
+    for wrong in ([2, 4, 8], [-1, 4, 5]):
+        with pytest.raises(ValueError, match=r"must lie in 0\.\.7"):
+            resolve_aux_layer_ids(wrong, num_layers=8)

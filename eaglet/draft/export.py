@@ -140,10 +140,15 @@ def write_exports(
 ) -> dict[str, str]:
     """The SGLang and speculators exports beside the vLLM export `draft_dir` (the speculators
     config names `target` as its verifier and `num_speculative_tokens` as its default k);
-    returns engine -> folder name, relative to the folder holding `draft_dir`."""
+    returns engine -> folder name, relative to the folder holding `draft_dir`. A draft fed
+    the embeddings (layer id 0) has no SGLang export: SGLang's convention cannot name them."""
     draft_dir = Path(draft_dir)
     architectures = getattr(load_config(target), "architectures", None) or []
-    write_sglang_export(draft_dir, draft_dir.with_name(SGLANG_FOLDER))
+    exports = {"vllm": draft_dir.name}
+    ids = json.loads((draft_dir / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"]
+    if min(ids) >= 1:
+        write_sglang_export(draft_dir, draft_dir.with_name(SGLANG_FOLDER))
+        exports["sglang"] = SGLANG_FOLDER
     write_speculators_export(
         draft_dir,
         draft_dir.with_name(SPECULATORS_FOLDER),
@@ -151,7 +156,8 @@ def write_exports(
         architectures,
         num_speculative_tokens,
     )
-    return {"vllm": draft_dir.name, "sglang": SGLANG_FOLDER, "speculators": SPECULATORS_FOLDER}
+    exports["speculators"] = SPECULATORS_FOLDER
+    return exports
 
 
 def _require_vllm_convention(config: dict, draft_dir: Path) -> None:

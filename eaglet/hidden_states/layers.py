@@ -26,6 +26,8 @@ def resolve_aux_layer_ids(requested: list[int] | None, num_layers: int) -> list[
             f"aux_layer_ids {ids} repeat a layer (a {num_layers}-layer target's defaults "
             "collide); set hidden_states.aux_layer_ids explicitly"
         )
-    if any(i < 1 or i >= num_layers for i in ids):
-        raise ValueError(f"aux_layer_ids {ids} must lie in 1..{num_layers - 1}")
+    # 0 (the embeddings) .. num_layers - 1; id num_layers would be HF's final-normed state,
+    # which vLLM's id num_layers (the last layer's output before the norm) is not.
+    if any(i < 0 or i >= num_layers for i in ids):
+        raise ValueError(f"aux_layer_ids {ids} must lie in 0..{num_layers - 1}")
     return ids
