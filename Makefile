@@ -22,8 +22,16 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint vllm-venv
-	$(BIN)/python -m pytest -q
+# The fixture model (about 4 min of one core) is built beside the vLLM venv's install, then
+# handed to the tests (tests/conftest.py reuses EAGLET_TEST_FIXTURE_MODEL).
+test: lint
+	@fixture="$$(mktemp -d)/fixture-model"; \
+	echo "building the fixture model beside the vLLM venv: $$fixture"; \
+	$(BIN)/eaglet fixture-model "$$fixture" > "$$fixture.log" 2>&1 & build=$$!; \
+	$(MAKE) vllm-venv || exit 1; \
+	wait $$build || { cat "$$fixture.log"; exit 1; }; \
+	tail -1 "$$fixture.log"; \
+	EAGLET_TEST_FIXTURE_MODEL="$$fixture" $(BIN)/python -m pytest -q
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow and not vllm and not browser"
