@@ -506,18 +506,25 @@ def check_disk_budget(
 
 
 def check_vllm_python(config: PipelineConfig, report: PreflightReport) -> None:
-    """hidden_states.vllm_python names an executable (the server is started only at the
-    hidden_states or train stage, hours into a run)."""
-    python = config.hidden_states.vllm_python
-    if config.hidden_states.backend != "vllm" or not python:
-        return
-    if not (Path(python).is_file() and os.access(python, os.X_OK)):
-        report.problems.append(
-            f"hidden_states.vllm_python: {python} is not an executable file: give the python "
-            "of a venv with vLLM installed (e.g. .vllm-venv/bin/python)"
-        )
-        return
-    report.passed.append(f"hidden_states.vllm_python {python}: executable")
+    """Each vLLM python eaglet will start a server with names an executable: the servers start
+    only at the hidden_states, train or evaluate stage, hours into a run."""
+    wanted = {
+        "hidden_states.vllm_python": config.hidden_states.backend == "vllm"
+        and config.hidden_states.vllm_python,
+        "evaluate.vllm_python": config.evaluate.serving == "vllm"
+        and not config.evaluate.serving_endpoint
+        and config.evaluate.vllm_python,
+    }
+    for setting, python in wanted.items():
+        if not python:
+            continue
+        if Path(python).is_file() and os.access(python, os.X_OK):
+            report.passed.append(f"{setting} {python}: executable")
+        else:
+            report.problems.append(
+                f"{setting}: {python} is not an executable file: give the python of a venv "
+                "with vLLM installed (e.g. .vllm-venv/bin/python)"
+            )
 
 
 def preflight(config: PipelineConfig) -> PreflightReport:

@@ -300,3 +300,7 @@ def test_a_vllm_python_that_is_not_there_is_named_before_any_stage(setup, tmp_pa
     )
     assert any(p.startswith("hidden_states.vllm_python:") for p in problems), problems
     assert not run(setup, hidden_states__backend="vllm", hidden_states__vllm_python=sys.executable)
+    serving = dict(evaluate__serving="vllm", evaluate__vllm_python=str(tmp_path / "python"))
+    problems = run(setup, **serving)
+    assert any(p.startswith("evaluate.vllm_python:") for p in problems), problems
+    assert not run(setup, evaluate__serving="vllm", evaluate__vllm_python=sys.executable)

@@ -35,6 +35,7 @@ from eaglet.draft.checkpoint import (
     MIDLAYER_PREFIX,
     SGLANG_AUX_LAYER_CONVENTION,
     SPECULATORS_LAYER_PREFIX,
+    aux_layer_ids,
 )
 from eaglet.storage import atomic_folder
 from eaglet.target import load_config
@@ -45,9 +46,14 @@ SPECULATORS_FOLDER = "draft-speculators"
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
 
 
+def sglang_can_name(ids: list[int]) -> bool:
+    """Whether SGLang's convention (output of layer i) can name every vLLM id: not id 0."""
+    return min(ids) >= 1
+
+
 def vllm_to_sglang_ids(ids: list[int]) -> list[int]:
     """vLLM ids (input of layer i) -> SGLang's configured ids (SGLang adds 1 back)."""
-    if any(i < 1 for i in ids):
+    if not sglang_can_name(ids):
         raise ValueError(
             f"aux layer ids {ids} include the embeddings (id 0), which SGLang's convention "
             "cannot name; train on ids >= 1 (hidden_states.aux_layer_ids)"
@@ -145,8 +151,8 @@ def write_exports(
     draft_dir = Path(draft_dir)
     architectures = getattr(load_config(target), "architectures", None) or []
     exports = {"vllm": draft_dir.name}
-    ids = json.loads((draft_dir / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"]
-    if min(ids) >= 1:
+    config = json.loads((draft_dir / "config.json").read_text())
+    if sglang_can_name(aux_layer_ids(config, draft_dir / "config.json")):
         write_sglang_export(draft_dir, draft_dir.with_name(SGLANG_FOLDER))
         exports["sglang"] = SGLANG_FOLDER
     write_speculators_export(
