@@ -31,7 +31,7 @@ test: lint
 	$(MAKE) vllm-venv || exit 1; \
 	wait $$build || { cat "$$fixture.log"; exit 1; }; \
 	tail -1 "$$fixture.log"; \
-	EAGLET_TEST_FIXTURE_MODEL="$$fixture" $(BIN)/python -m pytest -q
+	EAGLET_TEST_FIXTURE_MODEL="$$fixture" $(BIN)/python -m pytest -q --durations=25
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow and not vllm and not browser"
@@ -46,3 +46,18 @@ test-fast: install
 
 .PHONY: vllm-venv
 vllm-venv: .vllm-venv/bin/python
+
+# speculators 0.9.0 in its own venv, for benchmarks/training.py only. Its requirements pull CUDA
+# builds of torch through torchvision/torchaudio: the wheel goes in without dependencies, beside
+# the CPU torch and the requirements its trainer imports.
+.spec-venv/bin/python:
+	$(PYTHON) -m venv .spec-venv
+	.spec-venv/bin/pip install -q torch==2.13.0
+	.spec-venv/bin/pip install -q --no-deps speculators==0.9.0
+	.spec-venv/bin/pip install -q aiohttp click 'datasets>=4.0.0,<=5.1.0' httpx huggingface-hub \
+		'loguru>=0.7.2,<=0.7.3' 'numpy>=2.0.0,<=2.5.4' 'openai>=2.0.0' protobuf psutil pydantic \
+		pydantic-settings rich safetensors 'tqdm>=4.66.3,<=4.70.1' 'transformers>=5.0.0,<=5.19.0' \
+		'typer>=0.12.0' hs-connectors==0.9.0
+
+.PHONY: spec-venv
+spec-venv: .spec-venv/bin/python

@@ -210,6 +210,9 @@ def test_checkpoint_round_trip_and_config(draft, tmp_path):
         "use_aux_hidden_state": True,
     }
     assert config["eaglet"] == {"aux_layer_convention": "hf_hidden_states_index"}
+    # the architecture variants are said outright (vLLM reads each; eaglet trains none)
+    for key in ("norm_before_fc", "norm_before_residual", "norm_output"):
+        assert config[key] is False
     for key in ("rms_norm_eps", "rope_theta", "max_position_embeddings"):
         assert key in config
 

@@ -33,6 +33,9 @@ ARCHITECTURE = "LlamaForCausalLMEagle3"
 SGLANG_AUX_LAYER_CONVENTION = "sglang: id i = output of decoder layer i = HF hidden_states[i+1]"
 MIDLAYER_PREFIX = "midlayer."  # EAGLE/SGLang/vLLM weight names of the decoder layer
 SPECULATORS_LAYER_PREFIX = "layers.0."  # speculators' names of the same layer
+# frozen copies of target weights that speculators' checkpoints carry; eaglet's draft is handed
+# the target's own (config_from_json refuses a draft that trained its embeddings)
+TARGET_COPIES = ("embed_tokens.weight", "verifier_norm.weight", "verifier_lm_head.weight")
 
 
 def draft_config_json(
@@ -61,26 +64,47 @@ def draft_config_json(
         "torch_dtype": "float32",
         "eagle_aux_hidden_state_layer_ids": ids,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+        # the architecture variants, as vLLM reads them (all False for a draft eaglet trains)
+        "norm_before_fc": config.norm_before_fc,
+        "norm_before_residual": config.norm_before_residual,
+        "norm_output": config.norm_output,
         "eaglet": {"aux_layer_convention": aux_layer_convention},
     }
 
 
 def config_from_json(d: dict) -> Eagle3Config:
-    if d.get("speculators_model_type") == "eagle3":  # speculators format: the layer is nested
+    """The draft's shape and architecture variants from its config.json, in any export or as
+    speculators' trainer writes it. An absent variant key means what vLLM takes it to mean:
+    `norm_before_residual` is True in speculators' format and False elsewhere."""
+    speculators = d.get("speculators_model_type") == "eagle3"
+    if speculators:  # speculators format: the layer is nested
         d = {**d, **d["transformer_layer_config"], "draft_vocab_size": d["draft_vocab_size"]}
+    if d.get("embed_requires_grad"):
+        raise ValueError(
+            "the draft trained its own token embeddings (embed_requires_grad); eaglet's draft "
+            "reads the target's"
+        )
+    windowed = "sliding_attention" in (d.get("layer_types") or []) or d.get("use_sliding_window")
+    rope_theta = d.get("rope_theta") or (d.get("rope_parameters") or {}).get("rope_theta")
     return Eagle3Config(
         hidden_size=d["hidden_size"],
         intermediate_size=d["intermediate_size"],
         num_attention_heads=d["num_attention_heads"],
         num_key_value_heads=d["num_key_value_heads"],
-        head_dim=d["head_dim"],
+        head_dim=d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"],
         vocab_size=d["vocab_size"],
         draft_vocab_size=d["draft_vocab_size"],
-        target_hidden_size=d.get("target_hidden_size", d["hidden_size"]),
+        target_hidden_size=d.get("target_hidden_size") or d["hidden_size"],
         rms_norm_eps=d["rms_norm_eps"],
-        rope_theta=d["rope_theta"],
+        rope_theta=rope_theta or 10000.0,
         max_position_embeddings=d["max_position_embeddings"],
         num_aux_layers=len(d.get("eagle_aux_hidden_state_layer_ids", [0, 0, 0])),
+        norm_before_fc=bool(
+            d.get("eagle_config", {}).get("norm_before_fc", d.get("norm_before_fc", False))
+        ),
+        norm_before_residual=bool(d.get("norm_before_residual", speculators)),
+        norm_output=bool(d.get("norm_output", False)),
+        sliding_window=d.get("sliding_window") if windowed else None,
     )
 
 
@@ -135,6 +159,7 @@ def load_draft(draft_dir: Path, device: str | torch.device = "cpu") -> tuple[Eag
         if name.startswith(SPECULATORS_LAYER_PREFIX)
         else name: tensor
         for name, tensor in load_file(str(draft_dir / "model.safetensors")).items()
+        if name not in TARGET_COPIES
     }
     model.load_state_dict(tensors, strict=True)
     return model.to(device), config

@@ -308,6 +308,13 @@ def evaluate_draft(
     weights drawn from the seed) is the baseline under `"untrained"`; the target is loaded,
     and its plain greedy reference decoded, once for both."""
     trained, config = load_draft(Path(draft_dir))
+    window = trained.config.sliding_window
+    longest = max(len(p) for p in prompts) + max_new_tokens + num_speculative_tokens
+    if window is not None and longest > window:
+        raise ValueError(
+            f"{draft_dir}: the draft attends within a sliding window of {window} tokens, which "
+            f"eaglet's evaluator does not apply, and the evaluation reaches {longest} tokens"
+        )
     model = load_target(target, device)
     aux_ids = resolve_aux_ids(config, aux_layer_ids, Path(draft_dir) / "config.json")
     eos = set(default_eos_ids(model) if eos_token_ids is None else eos_token_ids)

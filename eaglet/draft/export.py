@@ -97,9 +97,11 @@ def speculators_config_json(
         "draft_vocab_size": config["draft_vocab_size"],
         "target_hidden_size": config["target_hidden_size"],
         "eagle_aux_hidden_state_layer_ids": list(config["eagle_aux_hidden_state_layer_ids"]),
-        # eaglet's layer keeps the un-normed hidden input as the residual; vLLM defaults a
-        # speculators eagle3 config to True, so say it
-        "norm_before_residual": False,
+        # the architecture variants, said outright: vLLM defaults a speculators eagle3 config's
+        # norm_before_residual to True, while eaglet's layer keeps the un-normed residual
+        "norm_before_residual": bool(config.get("norm_before_residual", False)),
+        "norm_before_fc": bool(config.get("norm_before_fc", False)),
+        "norm_output": bool(config.get("norm_output", False)),
         "torch_dtype": config.get("torch_dtype", "float32"),
         "speculators_config": {
             "algorithm": "eagle3",

@@ -39,6 +39,12 @@ class Eagle3Config:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 32768
     num_aux_layers: int = 3
+    # Variants of the architecture that other trainers' drafts use (speculators' eagle3 defaults
+    # all three to True); eaglet trains with all three False. vLLM reads the same three keys.
+    norm_before_fc: bool = False  # RMSNorm (`input_norm`, 3H wide) on the aux states before fc
+    norm_before_residual: bool = False  # the residual is hidden_norm(hidden), not hidden
+    norm_output: bool = False  # a step outputs norm(hidden): fed back, and lm_head reads it
+    sliding_window: int | None = None  # attention window of a draft trained with one
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -148,6 +154,7 @@ class Eagle3DecoderLayer(nn.Module):
 
     def __init__(self, config: Eagle3Config):
         super().__init__()
+        self.norm_before_residual = config.norm_before_residual
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # on embeddings
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # on hidden input
         self.self_attn = Eagle3Attention(config)
@@ -155,8 +162,9 @@ class Eagle3DecoderLayer(nn.Module):
         self.mlp = Eagle3MLP(config)
 
     def forward(self, embeds, hidden, cos_sin, past_key_values, attention_mask):
-        residual = hidden  # [B, T, H], pre-norm
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B,T,2H]
+        normed = self.hidden_norm(hidden)  # [B, T, H]
+        residual = normed if self.norm_before_residual else hidden  # [B, T, H]
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2H]
         attn_out, kv = self.self_attn(x, cos_sin, past_key_values, attention_mask)
         hidden = residual + attn_out  # [B, T, H]
         hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))  # [B, T, H]
@@ -170,6 +178,8 @@ class Eagle3Draft(nn.Module):
         super().__init__()
         self.config = config
         aux_width = config.num_aux_layers * config.target_hidden_size
+        if config.norm_before_fc:
+            self.input_norm = RMSNorm(aux_width, config.rms_norm_eps)
         self.fc = nn.Linear(aux_width, config.hidden_size, bias=False)
         self.midlayer = Eagle3DecoderLayer(config)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -190,6 +200,8 @@ class Eagle3Draft(nn.Module):
         self.t2d.copy_(t2d)
 
     def fuse(self, aux_hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.config.norm_before_fc:
+            aux_hidden_states = self.input_norm(aux_hidden_states)  # [B, T, 3H_target]
         return self.fc(aux_hidden_states)  # [B, T, 3H_target] -> [B, T, H]
 
     def forward(
@@ -200,16 +212,21 @@ class Eagle3Draft(nn.Module):
         past_key_values: KVCache | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, KVCache]:
-        """One draft step. Returns the pre-norm output [B, T, H] and the cache with this step's
-        (k, v) appended; logits are `compute_logits(output)`."""
+        """One draft step. Returns the output [B, T, H] (pre-norm; post-norm with
+        `norm_output`) and the cache with this step's (k, v) appended; the output is the next
+        step's hidden input, and its logits are `compute_logits(output)`."""
         past_key_values = list(past_key_values or [])
         cos_sin = self.rotary(position_ids)
         hidden, kv = self.midlayer(
             input_embeds, hidden_states, cos_sin, past_key_values, attention_mask
         )
+        if self.config.norm_output:
+            hidden = self.norm(hidden)
         return hidden, past_key_values + [kv]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.config.norm_output:  # `forward` normed it already
+            return self.lm_head(hidden)  # [B, T, Vd]
         return self.lm_head(self.norm(hidden))  # [B, T, Vd]
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

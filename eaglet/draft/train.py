@@ -350,6 +350,7 @@ class Run:
     start_step: int
     fingerprint: str
     started: float = field(default_factory=time.time)
+    step_seconds: float = 0.0  # in train_step (data, forward, backward, optimizer), this process
 
     @property
     def draft_dir(self) -> Path:
@@ -635,7 +636,9 @@ def train_loop(run: Run, progress: Callable[[dict], None] | None = None) -> None
         if epoch != order_epoch:
             order, order_epoch = epoch_batches(len(run.data), c.batch_size, c.seed, epoch), epoch
         lr = run.schedule.get_last_lr()[0]
+        step_started = time.time()
         meter.add(train_step(run, order[index]))
+        run.step_seconds += time.time() - step_started
         run.step += 1
 
         if run.step % c.log_every == 0 or run.step == run.stop_at:
@@ -683,6 +686,7 @@ def summarize(run: Run) -> dict:
         "train_tokens": sum(e["length"] for e in run.data.samples),
         "train_loss_tokens": run.vocab.counted_tokens,
         "seconds": time.time() - run.started,
+        "step_seconds": run.step_seconds,  # of this run's steps only (no set-up, no saving)
         "device": str(run.device),
         "world_size": run.world,
         "precision": "bfloat16" if run.autocast is not None else "float32",
