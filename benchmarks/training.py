@@ -17,7 +17,8 @@ spec-decode counters with --served).
    can read, and with --served vLLM CPU (.vllm-venv) serving each draft as its eagle3 model.
 
     python benchmarks/training.py [--samples 2000] [--epochs 2] [--threads 2] [--served]
-        [--work-dir DIR] [--skip-speculators]
+        [--work-dir DIR] [--eaglet defaults --eaglet lm_head_init=random,norm_output=true ...]
+        [--skip-speculators | --speculators-from DIR/results-T.json]
 
 Run it alone: on two shared cores torch's threads thrash beside another job. Numbers move with
 the machine's load; each ratio is measured in one run.
@@ -106,8 +107,23 @@ def speculators_states(
 # ------------------------------------------------------------------------------- training
 
 
-def train_eaglet(config: PipelineConfig, work: Path, examples_path: Path) -> dict:
-    """The hidden_states stage body, then eaglet's trainer in this process."""
+def eaglet_settings(spec: str) -> dict:
+    """`--eaglet` values: "defaults", or "key=value,key=value" TrainConfig overrides (values
+    as JSON where they parse: true, 6, "target")."""
+    if spec == "defaults":
+        return {}
+    settings = {}
+    for item in spec.split(","):
+        key, _, value = item.partition("=")
+        try:
+            settings[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            settings[key.strip()] = value.strip()
+    return settings
+
+
+def train_eaglet(config: PipelineConfig, work: Path, examples_path: Path, label: str) -> dict:
+    """The hidden_states stage body (once), then eaglet's trainer in this process."""
     hs = work / "eaglet-hidden-states"
     if not (hs / "index.jsonl").exists():
         hs.mkdir(exist_ok=True)
@@ -119,14 +135,14 @@ def train_eaglet(config: PipelineConfig, work: Path, examples_path: Path) -> dic
         "aux_layer_ids": resolve_aux_layer_ids(config.hidden_states.aux_layer_ids, num_layers),
         "aux_layer_convention": AUX_LAYER_CONVENTION,
     }
-    job = pipeline_job(config, work / "eaglet", features_dir=hs, features_info=info)
+    job = pipeline_job(config, work / f"eaglet-{label}", features_dir=hs, features_info=info)
     job["resume"] = False
     started = time.time()
     summary = run_job(job)
     wall = time.time() - started
     tokens = summary["train_tokens"] * summary["epochs_completed"]
     return {
-        "trainer": "eaglet",
+        "trainer": f"eaglet {label}",
         "wall_s": wall,
         "train_s": summary["step_seconds"],  # its steps; set-up and saving apart
         "tokens": tokens,
@@ -234,7 +250,16 @@ def main() -> None:
     parser.add_argument("--max-eval-tokens", type=int, default=128)
     parser.add_argument("--work-dir", default=None, help="kept; samples and states are reused")
     parser.add_argument("--served", action="store_true", help="τ in vLLM CPU too")
+    parser.add_argument(
+        "--eaglet", action="append", default=None, metavar="SETTINGS",
+        help='eaglet runs: "defaults" or "key=value,..." train settings (repeatable; the first '
+        "is compared with speculators and hands it its draft vocab)",
+    )  # fmt: skip
     parser.add_argument("--skip-speculators", action="store_true")
+    parser.add_argument(
+        "--speculators-from", default=None, metavar="RESULTS_JSON",
+        help="reuse the speculators row of an earlier run's results.json (same work dir)",
+    )  # fmt: skip
     parser.add_argument("--vllm-python", default=str(ROOT / ".vllm-venv" / "bin" / "python"))
     parser.add_argument("--speculators-python", default=str(ROOT / ".spec-venv" / "bin" / "python"))
     parser.add_argument(
@@ -253,15 +278,25 @@ def main() -> None:
     tokens = sum(len(e.input_ids) for e in examples)
     print(f"{len(examples)} samples, {tokens} tokens")
 
-    config = PipelineConfig(
-        work_dir=str(work),
-        target=target,
-        hidden_states=HiddenStatesConfig(storage="float32", aux_layer_ids=args.aux_layer_ids),
-        train=TrainConfig(epochs=args.epochs, threads=args.threads, device="cpu"),
-    )
-    heldout = heldout_ids([e.sample_id for e in examples], config.train.holdout_fraction)
-    results = [train_eaglet(config, work, examples_path)]
-    if not args.skip_speculators:
+    results = []
+    for spec in args.eaglet or ["defaults"]:
+        train = TrainConfig(
+            **{"epochs": args.epochs, "threads": args.threads, "device": "cpu"}
+            | eaglet_settings(spec)
+        )
+        config = PipelineConfig(
+            work_dir=str(work),
+            target=target,
+            hidden_states=HiddenStatesConfig(storage="float32", aux_layer_ids=args.aux_layer_ids),
+            train=train,
+        )
+        label = spec.replace("=", "-").replace(",", "+")
+        results.append(train_eaglet(config, work, examples_path, label))
+    if args.speculators_from:
+        earlier = json.loads(Path(args.speculators_from).read_text())
+        results += [r for r in earlier if r["trainer"] == "speculators"]
+    elif not args.skip_speculators:
+        heldout = heldout_ids([e.sample_id for e in examples], TrainConfig().holdout_fraction)
         vocab = draft_vocab(results[0]["draft_dir"])
         results.append(train_speculators(args, target, work, examples, heldout, vocab))
 
@@ -271,20 +306,24 @@ def main() -> None:
         for p in eval_prompts(args.eval_prompts, seed=7)
     ]
     for result in results:
-        result["tau_eaglet_evaluator"] = offline_tau(
-            result["draft_dir"], target, prompts, args.max_eval_tokens
-        )
+        if "tau_eaglet_evaluator" not in result:  # a reused row keeps its measurements
+            result["tau_eaglet_evaluator"] = offline_tau(
+                result["draft_dir"], target, prompts, args.max_eval_tokens
+            )
     if args.served:
         stop_ids = default_eos_ids(load_target(target))
         for result in results:
+            if "tau_vllm" in result:
+                continue
             served = served_tau(
                 args, target, result["draft_dir"], prompts, stop_ids,
-                work / f"vllm-{result['trainer']}.log",
+                work / f"vllm-{result['trainer'].replace(' ', '-')}.log",
             )  # fmt: skip
             result["tau_vllm"] = served["tau"]
             result["vllm_per_position"] = served["per_position_acceptance"]
 
-    (work / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    results_path = work / f"results-{int(time.time())}.json"
+    results_path.write_text(json.dumps(results, indent=2) + "\n")
     print()
     row("trainer", "train s", "tokens", "train tok/s", "tau (eaglet)", "tau (vLLM)")
     for r in results:
@@ -292,14 +331,15 @@ def main() -> None:
             r["trainer"], r["train_s"], r["tokens"], r["tokens_per_s"],
             r["tau_eaglet_evaluator"], r.get("tau_vllm"),
         )  # fmt: skip
-    if len(results) == 2:
-        ours, theirs = results
+    theirs = [r for r in results if r["trainer"] == "speculators"]
+    if theirs:
+        ours, theirs = results[0], theirs[0]
         speed = ours["tokens_per_s"] / theirs["tokens_per_s"]
         print(f"training tokens/s eaglet / speculators: {speed:.2f}")
         print(f"train seconds eaglet / speculators: {ours['train_s'] / theirs['train_s']:.2f}")
         if args.served:
             print(f"vLLM tau eaglet - speculators: {ours['tau_vllm'] - theirs['tau_vllm']:+.3f}")
-    print(f"results: {work / 'results.json'}")
+    print(f"results: {results_path}")
 
 
 def row(*cells) -> None:

@@ -315,6 +315,26 @@ class TrainConfig(_Strict):
     intermediate_size: int | None = Field(
         None, ge=1, description="Draft MLP width; None = the target's, as published drafts do."
     )
+    lm_head_init: Literal["random", "target"] = Field(
+        "random",
+        description="Initial draft lm_head: random, or the target's lm_head rows of the draft "
+        "vocabulary (trained on from there).",
+    )
+    norm_before_fc: bool = Field(
+        False,
+        description="Draft variant (speculators' eagle3 default): RMSNorm over the three aux "
+        "states before fc. vLLM serves it; SGLang is not known to, so no draft-sglang export.",
+    )
+    norm_before_residual: bool = Field(
+        False,
+        description="Draft variant (speculators' eagle3 default): the decoder layer's residual "
+        "is the normed hidden input. No draft-sglang export.",
+    )
+    norm_output: bool = Field(
+        False,
+        description="Draft variant (speculators' eagle3 default): each step feeds the next its "
+        "post-norm state. No draft-sglang export.",
+    )
     warmup_steps: int = Field(
         10, ge=0, le=1_000_000, description="Optimizer steps of linear learning-rate warmup."
     )

@@ -32,12 +32,12 @@ from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
 IDS = [2, 5, 9]
 
 
-def export_draft(tmp_path: Path, ids: list[int]):
+def export_draft(tmp_path: Path, ids: list[int], **variants):
     """A small random draft saved with `ids` and every export written beside it."""
     torch.manual_seed(0)
     config = Eagle3Config(
         hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=8, vocab_size=50, draft_vocab_size=20, target_hidden_size=32,
+        head_dim=8, vocab_size=50, draft_vocab_size=20, target_hidden_size=32, **variants,
     )  # fmt: skip
     draft = Eagle3Draft(config)
     draft.set_vocab(torch.arange(20) * 2, torch.arange(50) % 5 == 0)
@@ -65,6 +65,21 @@ def test_a_draft_fed_the_embeddings_gets_no_sglang_export(tmp_path):
     assert not (root / SGLANG_FOLDER).exists()
     speculators = json.loads((root / SPECULATORS_FOLDER / "config.json").read_text())
     assert speculators["eagle_aux_hidden_state_layer_ids"] == [0, 4, 5]
+
+
+def test_a_draft_with_speculators_norms_keeps_them_in_every_export_it_gets(tmp_path):
+    """The variants reach the vLLM and speculators configs (vLLM reads them there) and load
+    back; SGLang, not known to serve them, gets no export rather than a wrong one."""
+    variants = dict(norm_before_fc=True, norm_before_residual=True, norm_output=True)
+    draft, root, folders = export_draft(tmp_path, IDS, **variants)
+    assert folders == {"vllm": "draft", "speculators": SPECULATORS_FOLDER}
+    assert not (root / SGLANG_FOLDER).exists()
+    for name in ("draft", SPECULATORS_FOLDER):
+        config = json.loads((root / name / "config.json").read_text())
+        assert all(config[key] is True for key in variants), name
+        loaded, _ = load_draft(root / name)
+        assert loaded.config.norm_before_fc and loaded.config.norm_output, name
+        assert torch.equal(loaded.input_norm.weight, draft.input_norm.weight), name
 
 
 def test_each_export_names_the_ids_its_engine_reads(exported):

@@ -23,7 +23,7 @@ from eaglet.draft.evaluate import (
     propose,
     target_forward,
 )
-from eaglet.draft.train import HiddenStatesData, train_draft, ttt_unroll
+from eaglet.draft.train import HiddenStatesData, setup, train_draft, ttt_unroll
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
 from eaglet.hidden_states.stage import stage_body
 from eaglet.records.examples import Example
@@ -278,3 +278,16 @@ def test_bfloat16_autocast_trains_on_cpu(world, tmp_path):
     assert summary["final_loss"] < 0.8 * summary["initial_loss"]
     _, saved = load_draft(tmp_path / "draft")
     assert saved["torch_dtype"] == "float32"  # weights stay fp32; only the matmuls ran in bf16
+
+
+def test_lm_head_init_target_starts_the_draft_from_the_targets_rows(world, tmp_path):
+    """`lm_head_init: target` copies the target's lm_head rows of the draft vocab (the draft
+    then trains them); `random` does not."""
+    data = HiddenStatesData(world / "hs", set(), 1024)
+    target = TargetConfig(model=str(world / "target"))
+    target_lm_head = load_file(str(world / "target" / "model.safetensors"))["lm_head.weight"]
+    for init in ("target", "random"):
+        config = settings(lm_head_init=init)
+        run = setup(data, target, tmp_path / init, config, AUX_IDS, CONVENTION, resume=False)
+        rows = target_lm_head[run.vocab.ids]  # [Vd, H]
+        assert torch.equal(run.draft.lm_head.weight.detach(), rows) == (init == "target")

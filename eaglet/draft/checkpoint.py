@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from eaglet.draft.model import Eagle3Config, Eagle3Draft
+from eaglet.draft.model import ARCHITECTURE_VARIANTS, Eagle3Config, Eagle3Draft
 from eaglet.draft.vocab import DraftVocab
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
 from eaglet.storage import atomic_folder
@@ -64,10 +64,8 @@ def draft_config_json(
         "torch_dtype": "float32",
         "eagle_aux_hidden_state_layer_ids": ids,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
-        # the architecture variants, as vLLM reads them (all False for a draft eaglet trains)
-        "norm_before_fc": config.norm_before_fc,
-        "norm_before_residual": config.norm_before_residual,
-        "norm_output": config.norm_output,
+        # the architecture variants, said outright (vLLM reads each)
+        **{key: getattr(config, key) for key in ARCHITECTURE_VARIANTS},
         "eaglet": {"aux_layer_convention": aux_layer_convention},
     }
 

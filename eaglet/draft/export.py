@@ -37,6 +37,7 @@ from eaglet.draft.checkpoint import (
     SPECULATORS_LAYER_PREFIX,
     aux_layer_ids,
 )
+from eaglet.draft.model import ARCHITECTURE_VARIANTS
 from eaglet.storage import atomic_folder
 from eaglet.target import load_config
 
@@ -99,9 +100,7 @@ def speculators_config_json(
         "eagle_aux_hidden_state_layer_ids": list(config["eagle_aux_hidden_state_layer_ids"]),
         # the architecture variants, said outright: vLLM defaults a speculators eagle3 config's
         # norm_before_residual to True, while eaglet's layer keeps the un-normed residual
-        "norm_before_residual": bool(config.get("norm_before_residual", False)),
-        "norm_before_fc": bool(config.get("norm_before_fc", False)),
-        "norm_output": bool(config.get("norm_output", False)),
+        **{key: bool(config.get(key, False)) for key in ARCHITECTURE_VARIANTS},
         "torch_dtype": config.get("torch_dtype", "float32"),
         "speculators_config": {
             "algorithm": "eagle3",
@@ -149,12 +148,15 @@ def write_exports(
     """The SGLang and speculators exports beside the vLLM export `draft_dir` (the speculators
     config names `target` as its verifier and `num_speculative_tokens` as its default k);
     returns engine -> folder name, relative to the folder holding `draft_dir`. A draft fed
-    the embeddings (layer id 0) has no SGLang export: SGLang's convention cannot name them."""
+    the embeddings (layer id 0) has no SGLang export: SGLang's convention cannot name them.
+    Nor has a draft with an architecture variant (speculators' norms), which SGLang is not
+    known to serve."""
     draft_dir = Path(draft_dir)
     architectures = getattr(load_config(target), "architectures", None) or []
     exports = {"vllm": draft_dir.name}
     config = json.loads((draft_dir / "config.json").read_text())
-    if sglang_can_name(aux_layer_ids(config, draft_dir / "config.json")):
+    variants = any(config.get(key) for key in ARCHITECTURE_VARIANTS)
+    if sglang_can_name(aux_layer_ids(config, draft_dir / "config.json")) and not variants:
         write_sglang_export(draft_dir, draft_dir.with_name(SGLANG_FOLDER))
         exports["sglang"] = SGLANG_FOLDER
     write_speculators_export(

@@ -25,6 +25,10 @@ from torch import nn
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # one (k, v) per earlier step, [B, n_kv, S, D]
 
 
+# config keys (and Eagle3Config fields) of the architecture variants, named as vLLM reads them
+ARCHITECTURE_VARIANTS = ("norm_before_fc", "norm_before_residual", "norm_output")
+
+
 @dataclass
 class Eagle3Config:
     hidden_size: int  # H, equal to the target's hidden size

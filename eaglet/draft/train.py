@@ -152,6 +152,9 @@ def draft_config(target: TargetHead, config: TrainConfig, draft_vocab_size: int)
         rms_norm_eps=c["rms_norm_eps"],
         rope_theta=c["rope_theta"],
         max_position_embeddings=c["max_position_embeddings"],
+        norm_before_fc=config.norm_before_fc,
+        norm_before_residual=config.norm_before_residual,
+        norm_output=config.norm_output,
     )
 
 
@@ -422,6 +425,9 @@ def setup(
     torch.manual_seed(config.seed)  # the same initial weights in every process
     draft = Eagle3Draft(draft_config(head, config, vocab.size))
     draft.set_vocab(vocab.d2t, vocab.t2d)
+    if config.lm_head_init == "target":
+        with torch.no_grad():  # [Vd, H]: the target's rows of the draft vocab
+            draft.lm_head.weight.copy_(head.lm_head[vocab.ids])
     draft.to(device)
     optimizer = torch.optim.AdamW(
         draft.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0
