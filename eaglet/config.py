@@ -292,7 +292,13 @@ class HiddenStatesConfig(_Strict):
 
 class TrainConfig(_Strict):
     epochs: int = Field(8, ge=1, le=1000, description="Passes over the training tokens.")
-    lr: float = Field(1e-3, gt=0.0, le=1.0, description="Peak learning rate (AdamW).")
+    lr: float = Field(1e-3, gt=0.0, le=1.0, description="Peak learning rate.")
+    optimizer: Literal["adamw", "muon"] = Field(
+        "adamw",
+        description="adamw = AdamW over every weight; muon = Muon for the draft's weight "
+        "matrices (update scaled to AdamW's RMS, weight decay 0.1) and AdamW for norms and "
+        "lm_head, as speculators trains by default.",
+    )
     batch_size: int = Field(8, ge=1, le=4096, description="Sequences per step.")
     ttt_length: int = Field(4, ge=1, le=16, description="Training-time-test unroll steps.")
     draft_vocab_size: int = Field(
@@ -343,6 +349,12 @@ class TrainConfig(_Strict):
     )
     ttt_step_weight: float = Field(
         0.8, gt=0.0, le=1.0, description="Loss weight of TTT step i is ttt_step_weight ** i."
+    )
+    loss: Literal["kl", "tv", "kl_tv"] = Field(
+        "kl",
+        description="Per-position loss against the target's distribution: kl = soft "
+        "cross-entropy (forward KL); tv = total variation (1 - acceptance of a sampled draft "
+        "token); kl_tv = their sum.",
     )
     grad_accumulation: int = Field(
         1,

@@ -13,7 +13,13 @@ from eaglet.draft.checkpoint import (
     save_training_state,
 )
 from eaglet.draft.model import Eagle3Config, Eagle3Draft, ttt_attention_mask
-from eaglet.draft.train import target_in_vocab, target_probs, ttt_loss, ttt_unroll
+from eaglet.draft.train import (
+    position_loss,
+    target_in_vocab,
+    target_probs,
+    ttt_loss,
+    ttt_unroll,
+)
 from eaglet.draft.vocab import DraftVocab, build_draft_vocab, count_tokens
 
 H, V, VD = 32, 50, 20
@@ -279,6 +285,23 @@ def test_loss_mask_shift_at_reasoning_answer_boundary():
         step_logits[1].grad[0, 1],
         0.8 * (step_logits[1].detach()[0, 1].softmax(-1) - target_probs[0, 3]) / 4,
     )
+
+
+def test_tv_loss_is_one_minus_the_acceptance_of_a_sampled_draft_token():
+    """train.loss=tv: per position 1/2 sum |p - q| = 1 - sum min(p, q), the chance a token
+    sampled from the draft is rejected; zero when the draft matches the target; kl_tv adds the
+    soft cross-entropy; an unknown name is refused."""
+    p = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]])
+    q = torch.tensor([[0.2, 0.3, 0.5], [0.1, 0.1, 0.8]])
+    tv = position_loss(p, q.log(), "tv")
+    accepted = torch.minimum(p, q).sum()  # 0.7 + 1.0
+    torch.testing.assert_close(tv, 2 - accepted)
+    assert position_loss(p[1:], q[1:].log(), "tv").item() == pytest.approx(0.0, abs=1e-7)
+    kl = position_loss(p, q.log(), "kl")
+    torch.testing.assert_close(kl, -(p * q.log()).sum())
+    torch.testing.assert_close(position_loss(p, q.log(), "kl_tv"), kl + tv)
+    with pytest.raises(ValueError, match="unknown loss 'js'"):
+        position_loss(p, q.log(), "js")
 
 
 def test_target_labels_restrict_to_draft_vocab():

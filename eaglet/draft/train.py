@@ -43,6 +43,7 @@ from safetensors import safe_open
 from eaglet.config import TargetConfig, TrainConfig
 from eaglet.draft.checkpoint import load_training_state, save_draft, save_training_state
 from eaglet.draft.model import Eagle3Config, Eagle3Draft, ttt_attention_mask
+from eaglet.draft.optimizer import make_optimizer
 from eaglet.draft.schedule import warmup_cosine
 from eaglet.draft.target_head import TargetHead, load_target_head
 from eaglet.draft.vocab import DraftVocab, build_draft_vocab, count_tokens
@@ -233,6 +234,25 @@ def counted_positions(
     )
 
 
+LOSSES = ("kl", "tv", "kl_tv")
+
+
+def position_loss(
+    p: torch.Tensor,  # [N, Vd], target distribution
+    log_q: torch.Tensor,  # [N, Vd], draft log-probabilities
+    loss: str,
+) -> torch.Tensor:
+    """The summed loss of N positions (see `ttt_loss`)."""
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; one of {LOSSES}")
+    total = log_q.new_zeros(())
+    if loss in ("kl", "kl_tv"):
+        total = total - (p * log_q).sum()
+    if loss in ("tv", "kl_tv"):
+        total = total + 0.5 * (p - log_q.exp()).abs().sum()
+    return total
+
+
 def ttt_loss(
     step_logits: list[torch.Tensor],  # per step [B, T, Vd]
     target_probs: torch.Tensor,  # [B, T, Vd], target distribution for the token after t
@@ -241,10 +261,15 @@ def ttt_loss(
     lengths: torch.Tensor,  # [B]
     step_weight: float = 0.8,
     denominators: list[int] | None = None,
+    loss: str = "kl",
 ) -> tuple[torch.Tensor, dict[str, list[float]]]:
-    """Sum over steps of step_weight**i * soft cross-entropy, each step averaged over its counted
-    positions (`counted_positions`) — or divided by `denominators[i]`, the count over a whole
-    global batch of which this is one piece (micro-batches, data-parallel shares).
+    """Sum over steps of step_weight**i * the per-position loss, each step averaged over its
+    counted positions (`counted_positions`) — or divided by `denominators[i]`, the count over a
+    whole global batch of which this is one piece (micro-batches, data-parallel shares).
+
+    `loss` per position: `kl`, the soft cross-entropy -sum p log q (forward KL up to the
+    target's entropy); `tv`, the total variation 1/2 sum |p - q|, which is 1 - the chance a
+    sampled draft token is accepted; `kl_tv`, their sum.
 
     Stats per step: `loss` and `acc` (means over this piece), `count`, and the sums `loss_sum`
     and `hits` that add up across pieces."""
@@ -255,7 +280,7 @@ def ttt_loss(
         log_q = logits[b, tt].float().log_softmax(-1)  # [N, Vd]
         p = target_probs[b, tt + 1 + i]  # [N, Vd]
         n = len(b)
-        step_sum = -(p * log_q).sum()
+        step_sum = position_loss(p, log_q, loss)
         denominator = max(n if denominators is None else denominators[i], 1)
         total = total + step_weight**i * step_sum / denominator
         hits = (log_q.argmax(-1) == p.argmax(-1)).sum().item()
@@ -429,9 +454,7 @@ def setup(
         with torch.no_grad():  # [Vd, H]: the target's rows of the draft vocab
             draft.lm_head.weight.copy_(head.lm_head[vocab.ids])
     draft.to(device)
-    optimizer = torch.optim.AdamW(
-        draft.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0
-    )
+    optimizer = make_optimizer(draft, config.optimizer, config.lr)
     step = 0
     if resuming:
         meta, vocab = load_training_state(state_dir, draft, optimizer)
@@ -547,6 +570,7 @@ def train_step(run: Run, indices: list[int]) -> dict:
             b["lengths"],
             c.ttt_step_weight,
             denominators,
+            c.loss,
         )
         loss.backward()
         sums[0] += torch.tensor(stats["loss_sum"], dtype=torch.float64, device=run.device)
