@@ -294,13 +294,18 @@ class TrainConfig(_Strict):
     epochs: int = Field(8, ge=1, le=1000, description="Passes over the training tokens.")
     lr: float = Field(1e-3, gt=0.0, le=1.0, description="Peak learning rate.")
     optimizer: Literal["adamw", "muon"] = Field(
-        "adamw",
+        "muon",
         description="adamw = AdamW over every weight; muon = Muon for the draft's weight "
         "matrices (update scaled to AdamW's RMS, weight decay 0.1) and AdamW for norms and "
         "lm_head, as speculators trains by default.",
     )
     batch_size: int = Field(8, ge=1, le=4096, description="Sequences per step.")
     ttt_length: int = Field(4, ge=1, le=16, description="Training-time-test unroll steps.")
+    length_buckets: bool = Field(
+        True,
+        description="Batch samples of about the same length (sorted within runs of 32 "
+        "batches of the epoch's random order, batches shuffled): less padding, more tokens/s.",
+    )
     draft_vocab_size: int = Field(
         32000, ge=2, description="Draft vocabulary size (capped at the distinct tokens seen)."
     )

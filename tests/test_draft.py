@@ -14,6 +14,7 @@ from eaglet.draft.checkpoint import (
 )
 from eaglet.draft.model import Eagle3Config, Eagle3Draft, ttt_attention_mask
 from eaglet.draft.train import (
+    epoch_batches,
     position_loss,
     target_in_vocab,
     target_probs,
@@ -347,3 +348,26 @@ def test_global_denominators_split_a_batch_without_changing_its_gradient():
     assert halves == pytest.approx(whole.item(), rel=1e-5)
     for g, e in zip(logits, expected, strict=True):
         torch.testing.assert_close(g.grad, e)
+
+
+def test_length_buckets_keep_every_window_once_and_cut_the_padding():
+    """train.length_buckets: each epoch still holds every window exactly once, in an order set
+    by (seed, epoch) alone; a batch's rows have about the same length, so the padded batches
+    hold far fewer padding tokens than random batches; and the batches are shuffled, not
+    shortest first."""
+    g = torch.Generator().manual_seed(6)
+    lengths = torch.randint(20, 400, (1000,), generator=g).tolist()
+
+    def padding(batches):
+        padded = sum(max(lengths[i] for i in b) * len(b) for b in batches)
+        return 1 - sum(lengths) / padded
+
+    random_batches = epoch_batches(1000, 8, seed=0, epoch=1)
+    bucketed = epoch_batches(1000, 8, seed=0, epoch=1, lengths=lengths)
+    assert sorted(i for b in bucketed for i in b) == list(range(1000))
+    assert len(bucketed) == len(random_batches) == 125
+    assert bucketed == epoch_batches(1000, 8, seed=0, epoch=1, lengths=lengths)
+    assert bucketed != epoch_batches(1000, 8, seed=0, epoch=2, lengths=lengths)
+    assert padding(random_batches) > 0.3 and padding(bucketed) < 0.05
+    longest = [max(lengths[i] for i in b) for b in bucketed]
+    assert longest != sorted(longest)

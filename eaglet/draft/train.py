@@ -129,11 +129,29 @@ def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return batch
 
 
-def epoch_batches(num_items: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
-    """The batches of one epoch: a permutation that depends only on (seed, epoch)."""
+BUCKET_BATCHES = 32  # length buckets: batches whose rows are sorted by length together
+
+
+def epoch_batches(
+    num_items: int, batch_size: int, seed: int, epoch: int, lengths: list[int] | None = None
+) -> list[list[int]]:
+    """The batches of one epoch: a permutation that depends only on (seed, epoch).
+
+    With `lengths` (train.length_buckets), each run of BUCKET_BATCHES batches of that
+    permutation is sorted by length before it is cut into batches, and the batches are then
+    shuffled: the rows of a batch have about the same length, so little of a padded batch is
+    padding, and every bucket still draws from the whole epoch."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     order = torch.randperm(num_items, generator=g).tolist()
-    return [order[i : i + batch_size] for i in range(0, num_items, batch_size)]
+    if lengths is None:
+        return [order[i : i + batch_size] for i in range(0, num_items, batch_size)]
+    bucket = batch_size * BUCKET_BATCHES
+    batches = []
+    for first in range(0, num_items, bucket):
+        rows = sorted(order[first : first + bucket], key=lambda i: lengths[i])
+        batches += [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
+    shuffled = torch.randperm(len(batches), generator=g).tolist()
+    return [batches[i] for i in shuffled]
 
 
 # ---------------------------------------------------------------------------- target labels
@@ -430,6 +448,8 @@ def setup(
     total_steps = config.epochs * steps_per_epoch
     stop_at = min(total_steps, config.max_steps or total_steps)
     fingerprint = data.fingerprint(config.batch_size, config.max_seq_len)
+    if config.length_buckets:  # another batch order: a resume must not mix the two
+        fingerprint += "+length-buckets"
 
     head = load_target_head(target)
     H, V = head.config["hidden_size"], head.config["vocab_size"]
@@ -511,6 +531,13 @@ def micro_batches(run: Run, indices: list[int]) -> list[list[int]]:
     return [share[first : first + size] for first in range(0, len(share), size)]
 
 
+def epoch_order(run: Run, epoch: int) -> list[list[int]]:
+    """The global batches of `epoch` for this run's data and settings."""
+    c = run.config
+    lengths = [window[-1] for window in run.data.windows] if c.length_buckets else None
+    return epoch_batches(len(run.data), c.batch_size, c.seed, epoch, lengths)
+
+
 def plan(run: Run) -> Iterator[list[int]]:
     """Every micro-batch this process will read, in order, from `run.step` to the end: what an
     online data source prefetches features for."""
@@ -518,8 +545,7 @@ def plan(run: Run) -> Iterator[list[int]]:
     for step in range(run.step, run.stop_at):
         epoch, index = divmod(step, run.steps_per_epoch)
         if epoch != order_epoch:
-            c = run.config
-            order, order_epoch = epoch_batches(len(run.data), c.batch_size, c.seed, epoch), epoch
+            order, order_epoch = epoch_order(run, epoch), epoch
         yield from micro_batches(run, order[index])
 
 
@@ -664,7 +690,7 @@ def train_loop(run: Run, progress: Callable[[dict], None] | None = None) -> None
     while run.step < run.stop_at:
         epoch, index = divmod(run.step, run.steps_per_epoch)
         if epoch != order_epoch:
-            order, order_epoch = epoch_batches(len(run.data), c.batch_size, c.seed, epoch), epoch
+            order, order_epoch = epoch_order(run, epoch), epoch
         lr = run.schedule.get_last_lr()[0]
         step_started = time.time()
         meter.add(train_step(run, order[index]))
