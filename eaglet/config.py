@@ -294,10 +294,11 @@ class TrainConfig(_Strict):
     epochs: int = Field(8, ge=1, le=1000, description="Passes over the training tokens.")
     lr: float = Field(1e-3, gt=0.0, le=1.0, description="Peak learning rate.")
     optimizer: Literal["adamw", "muon"] = Field(
-        "muon",
+        "adamw",
         description="adamw = AdamW over every weight; muon = Muon for the draft's weight "
         "matrices (update scaled to AdamW's RMS, weight decay 0.1) and AdamW for norms and "
-        "lm_head, as speculators trains by default.",
+        "lm_head, as speculators trains by default: higher tau on 2,000 samples x 4 epochs, "
+        "far lower on 192 x 12 (README, Against speculators).",
     )
     batch_size: int = Field(8, ge=1, le=4096, description="Sequences per step.")
     ttt_length: int = Field(4, ge=1, le=16, description="Training-time-test unroll steps.")

@@ -123,8 +123,10 @@ def test_stage_starts_its_own_server_and_writes_the_shards_hf_writes(fixture_mod
                 windows.append(read_window(f, row["offset"], row["length"]))
         for key, value in windows[1].items():
             if value.is_floating_point():
-                # int8 storage of the same float states: equal within one quantization step
-                torch.testing.assert_close(windows[0][key], value, rtol=0.0, atol=0.05)
+                # int8 storage of the same float states: equal within one quantization step,
+                # a token's absmax / 127 (a row of absmax 11 steps by 0.087)
+                step = value.abs().amax(-1, keepdim=True) / 127  # [n, 1]
+                assert ((windows[0][key] - value).abs() <= step * 1.001 + 1e-6).all(), key
             else:
                 assert torch.equal(windows[0][key], value)
 
