@@ -12,6 +12,7 @@ the exact command that resumes.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,22 @@ def start_run_record(
         "stages": {},
     }
     write_run_record(work_dir, run)
+    for stray in work_dir.glob(f".{RUN_FILE}.*.tmp"):  # a writer killed before its rename
+        pid = stray.name[len(RUN_FILE) + 2 : -len(".tmp")]
+        if pid.isdigit() and not process_alive(int(pid)):
+            stray.unlink(missing_ok=True)
     return run
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id exists (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def write_run_record(work_dir: Path, run: dict[str, Any]) -> None:

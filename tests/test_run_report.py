@@ -5,6 +5,7 @@ stage, quotes its error, describes the partial folder and gives the command that
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from eaglet.config import load_config
@@ -181,3 +182,18 @@ def test_describe_partial_counts_records_and_lists_files(tmp_path):
 def test_offline_training_line_names_the_shards_it_read():
     info = {"hidden_states_mode": "offline", "feature_bytes_stored": 5 << 30}
     assert training_line(info) == "offline hidden states, 5.0 GiB of shards"
+
+
+def test_a_new_run_clears_the_run_json_temporary_a_killed_writer_left(tmp_path):
+    """SIGKILL between writing run.json's temporary sibling and renaming it leaves
+    `.run.json.<pid>.tmp`; the next run removes it once that process is gone, and leaves the
+    file of a writer still running."""
+    work_dir = tmp_path / "work"
+    work_dir.mkdir()
+    dead = work_dir / ".run.json.999999999.tmp"  # above any pid_max: no such process
+    live = work_dir / f".run.json.{os.getppid()}.tmp"
+    dead.write_text("{")
+    live.write_text("{")
+    start_run_record(config_for(work_dir), None, "evaluate", None)
+    assert json.loads((work_dir / "run.json").read_text())["stages"] == {}
+    assert not dead.exists() and live.exists()
