@@ -23,7 +23,16 @@ from eaglet.draft.evaluate import (
     propose,
     target_forward,
 )
-from eaglet.draft.train import HiddenStatesData, setup, train_draft, ttt_unroll
+from eaglet.draft.train import (
+    HiddenStatesData,
+    epoch_order,
+    length_groups,
+    micro_batches,
+    setup,
+    train_draft,
+    train_step,
+    ttt_unroll,
+)
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
 from eaglet.hidden_states.stage import stage_body
 from eaglet.records.examples import Example
@@ -269,6 +278,43 @@ def test_gradient_accumulation_follows_the_same_loss_curve(world, tmp_path):
         runs[accumulation] = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").open()]
     assert len(runs[1]) == 8 and runs[1][-1] < runs[1][0]
     assert runs[2] == pytest.approx(runs[1], rel=1e-5)
+
+
+def test_length_groups_cover_every_row_once_with_bounded_padding():
+    lengths = {0: 36, 1: 374, 2: 98, 3: 40, 4: 120, 5: 37, 6: 300, 7: 95}
+    groups = length_groups(list(lengths), lengths, max_padding=0.5)
+    assert sorted(r for g in groups for r in g) == list(lengths)
+    for group in groups:
+        padded = len(group) * max(lengths[r] for r in group)
+        assert padded <= 1.5 * sum(lengths[r] for r in group)
+    assert [sorted(g) for g in groups] == [[0, 3, 5], [2, 4, 7], [1, 6]]
+    assert length_groups(list(lengths), lengths, max_padding=float("inf")) == [
+        sorted(lengths, key=lengths.get)
+    ]
+
+
+def test_a_step_split_into_length_groups_equals_one_padded_batch(world, tmp_path, monkeypatch):
+    """Windows of 20 and 12 tokens (max_seq_len 20 over 52-token samples): split by length,
+    each piece divided by the whole batch's counts, the steps are the padded batch's steps."""
+    data = HiddenStatesData(world / "hs", set(), max_seq_len=20)
+    assert {w[-1] for w in data.windows} == {20, 12}
+    target = TargetConfig(model=str(world / "target"))
+    config = settings(max_seq_len=20, batch_size=12)
+    runs, losses = {}, {}
+    for max_padding in (0.0, float("inf")):
+        monkeypatch.setattr("eaglet.draft.train.MAX_PADDING", max_padding)
+        run = setup(data, target, tmp_path / str(max_padding), config, AUX_IDS, CONVENTION, False)
+        order = epoch_order(run, 0)
+        pieces = [micro_batches(run, batch) for batch in order[:4]]
+        for batch, split in zip(order, pieces, strict=False):  # every row once
+            assert sorted(j for piece in split for j in piece) == sorted(batch)
+        assert max(len(ps) for ps in pieces) == (2 if max_padding == 0.0 else 1)
+        losses[max_padding] = [train_step(run, batch)["loss"] for batch in order[:4]]
+        runs[max_padding] = run
+    assert losses[0.0] == pytest.approx(losses[float("inf")], rel=1e-5)
+    split, padded = runs[0.0].draft.state_dict(), runs[float("inf")].draft.state_dict()
+    for name in split:
+        torch.testing.assert_close(split[name], padded[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_bfloat16_autocast_trains_on_cpu(world, tmp_path):

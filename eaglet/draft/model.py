@@ -134,10 +134,10 @@ class Eagle3Attention(nn.Module):
         # keys of earlier steps first, this step's last: [B, kv, S_total, D]
         all_k = torch.cat([pk for pk, _ in past_key_values] + [k], dim=2)
         all_v = torch.cat([pv for _, pv in past_key_values] + [v], dim=2)
-        all_k = all_k.repeat_interleave(h // kv, dim=1)  # [B, h, S_total, D]
-        all_v = all_v.repeat_interleave(h // kv, dim=1)
-
-        out = F.scaled_dot_product_attention(q, all_k, all_v, attn_mask=attention_mask)  # [B,h,T,D]
+        # each group of h // kv query heads reads one key/value head (GQA)
+        out = F.scaled_dot_product_attention(
+            q, all_k, all_v, attn_mask=attention_mask, enable_gqa=h != kv
+        )  # [B, h, T, D]
         out = out.transpose(1, 2).reshape(B, T, h * D)
         return self.o_proj(out), (k, v)  # [B, T, H]; this step's rotated k/v for later steps
 

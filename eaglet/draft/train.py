@@ -523,12 +523,40 @@ def setup(
     )
 
 
+MAX_PADDING = 0.5  # a micro-batch's padded size is at most 1.5x its rows' tokens
+
+
+def length_groups(rows: list[int], lengths: list[int], max_padding: float) -> list[list[int]]:
+    """`rows` sorted by length and cut into runs whose padded size (rows x the longest) is at
+    most (1 + max_padding) x their tokens: a batch of mixed lengths becomes a few micro-batches
+    of about one length each, with almost no padding."""
+    groups: list[list[int]] = []
+    tokens = 0
+    for row in sorted(rows, key=lambda r: lengths[r]):
+        if groups and (len(groups[-1]) + 1) * lengths[row] <= (1 + max_padding) * (
+            tokens + lengths[row]
+        ):
+            groups[-1].append(row)
+            tokens += lengths[row]
+        else:
+            groups.append([row])
+            tokens = lengths[row]
+    return groups
+
+
 def micro_batches(run: Run, indices: list[int]) -> list[list[int]]:
-    """This process's share of a global batch (rows rank, rank + world, ...), split into
-    `grad_accumulation` micro-batches."""
-    share = indices[run.rank :: run.world]
+    """This process's share of a global batch (rows rank, rank + world, ...), sorted by length,
+    split into `grad_accumulation` pieces and each piece into runs of about one length
+    (`length_groups`). The loss of every piece is divided by the whole batch's counts, so the
+    step is the same however the rows are split; only the padding computed shrinks."""
+    share = sorted(indices[run.rank :: run.world], key=lambda j: run.data.windows[j][-1])
     size = max(1, math.ceil(len(share) / run.config.grad_accumulation))
-    return [share[first : first + size] for first in range(0, len(share), size)]
+    lengths = {j: run.data.windows[j][-1] for j in share}
+    return [
+        group
+        for first in range(0, len(share), size)
+        for group in length_groups(share[first : first + size], lengths, MAX_PADDING)
+    ]
 
 
 def epoch_order(run: Run, epoch: int) -> list[list[int]]:
