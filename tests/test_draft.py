@@ -12,7 +12,7 @@ from eaglet.draft.checkpoint import (
     save_draft,
     save_training_state,
 )
-from eaglet.draft.model import Eagle3Config, Eagle3Draft, ttt_attention_mask
+from eaglet.draft.model import TTT, Eagle3Config, Eagle3Draft, ttt_attention_mask
 from eaglet.draft.train import (
     epoch_batches,
     position_loss,
@@ -108,6 +108,68 @@ def test_ttt_attention_sees_only_causal_step0_and_own_diagonal(draft):
         torch.testing.assert_close(perturb(step, index), base[0, t], rtol=0, atol=0)
     for step, index in [(0, 0), (0, 3), (1, 3)]:  # visible
         assert not torch.allclose(perturb(step, index), base[0, t])
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_ttt_pattern_equals_the_dense_mask_in_values_and_gradients(kv_heads):
+    """`TTT` (causal step-0 block plus one diagonal score per later step) computes what SDPA
+    computes under `ttt_attention_mask`, forward and backward, at every step, with and without
+    grouped kv heads."""
+    torch.manual_seed(3)
+    draft = Eagle3Draft(tiny_config(num_key_value_heads=kv_heads)).double()
+    B, T, steps = 2, 9, 4
+    embs = [torch.randn(B, T, H, dtype=torch.float64) for _ in range(steps)]
+    aux = torch.randn(B, T, 3 * H, dtype=torch.float64)
+
+    def unroll(pattern):
+        draft.zero_grad()
+        hidden, cache, outputs = draft.fuse(aux), [], []
+        for i, emb in enumerate(embs):
+            mask = TTT if pattern == TTT else ttt_attention_mask(T, i)
+            hidden, cache = draft(emb, hidden, torch.arange(T)[None] + i, cache, mask)
+            outputs.append(hidden)
+        sum((draft.compute_logits(o) * (j + 1)).sum() for j, o in enumerate(outputs)).backward()
+        return outputs, {n: p.grad.clone() for n, p in draft.named_parameters()}
+
+    dense_out, dense_grads = unroll("dense")
+    ttt_out, ttt_grads = unroll(TTT)
+    for dense, fused in zip(dense_out, ttt_out, strict=True):
+        torch.testing.assert_close(fused, dense, rtol=1e-10, atol=1e-10)
+    for name, grad in dense_grads.items():
+        torch.testing.assert_close(ttt_grads[name], grad, rtol=1e-9, atol=1e-10, msg=name)
+
+
+def test_ttt_pattern_under_bfloat16_autocast_matches_the_dense_mask():
+    """Under CPU bfloat16 autocast (train.precision) the `TTT` pattern runs, and its outputs and
+    gradients stay within bfloat16 rounding of the dense masked SDPA's."""
+    torch.manual_seed(4)
+    draft = Eagle3Draft(tiny_config(num_key_value_heads=2))
+    B, T, steps = 2, 17, 3
+    embs = [torch.randn(B, T, H) for _ in range(steps)]
+    aux = torch.randn(B, T, 3 * H)
+
+    def unroll(pattern):
+        draft.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            hidden, cache, logits = draft.fuse(aux), [], []
+            for i, emb in enumerate(embs):
+                mask = TTT if pattern == TTT else ttt_attention_mask(T, i)
+                hidden, cache = draft(emb, hidden, torch.arange(T)[None] + i, cache, mask)
+                logits.append(draft.compute_logits(hidden).float())
+        sum(x.logsumexp(-1).mean() for x in logits).backward()
+        return logits, {n: p.grad.clone() for n, p in draft.named_parameters()}
+
+    dense_logits, dense_grads = unroll("dense")
+    ttt_logits, ttt_grads = unroll(TTT)
+    for dense, fused in zip(dense_logits, ttt_logits, strict=True):
+        torch.testing.assert_close(fused, dense, rtol=0.02, atol=0.02)
+    for name, grad in dense_grads.items():
+        assert (ttt_grads[name] - grad).norm() <= 0.02 * grad.norm(), name
+
+
+def test_an_unknown_attention_pattern_is_refused(draft):
+    with pytest.raises(ValueError, match="unknown attention pattern 'causal'"):
+        draft(torch.randn(1, 3, H), torch.randn(1, 3, H), torch.arange(3)[None], None, "causal")
 
 
 def test_ttt_unroll_equals_inference_at_every_index(draft):

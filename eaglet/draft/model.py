@@ -8,8 +8,9 @@ One draft step maps (embedding of the next token, a hidden state) to (a new pre-
 draft-vocab logits). The hidden input is `fc(aux)` (three target layers fused) at the first step
 and the draft's own previous output afterwards. Keys/values of earlier steps are passed back in as
 `past_key_values` and concatenated with the current step's keys before the softmax, so the same
-`forward` serves training-time test (TTT, all positions at once, block mask from
-`ttt_attention_mask`) and inference (one position, everything visible). Parameter names are the
+`forward` serves training-time test (TTT, all positions at once: the `TTT` pattern, which computes
+what SDPA under `ttt_attention_mask` computes without the masked scores) and inference (one
+position, everything visible). Parameter names are the
 EAGLE/SGLang/vLLM checkpoint names (`midlayer.self_attn.q_proj.weight`, `fc.weight`, ...).
 Embeddings are the target's, frozen, and are passed in: they are not part of this module.
 """
@@ -103,6 +104,97 @@ def ttt_attention_mask(seq_len: int, step: int, device: torch.device | None = No
     return torch.cat([causal] + [diagonal] * step, dim=-1)
 
 
+# `attention_mask` value for training-time test: this step's queries see the step-0 keys causally
+# and each later step's key at their own index (`ttt_attention_mask`); `ttt_attention` computes it
+TTT = "ttt"
+
+_flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_flash_cpu_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+class _TTTAttentionCPU(torch.autograd.Function):
+    """Causal flash attention over the step-0 keys, merged with the later steps' diagonal scores
+    through the flash kernel's log-sum-exp; the backward reuses the flash backward.
+
+    With l0 the log-sum-exp of a query's causal scores, d_j its score against step j's key at its
+    own index and L = logsumexp(l0, d_1..d_s), the output is
+        out = exp(l0 - L) * flash_out + sum_j exp(d_j - L) * v_j.
+    The flash backward, given grad_out * exp(l0 - L) and the merged `out`, yields exactly the
+    gradients of the step-0 block under the merged softmax (its D term is rowsum(dO * out))."""
+
+    @staticmethod
+    def forward(ctx, q, k0, v0, k_later, v_later):
+        # q [B, h, T, D]; k0, v0 [B, kv, T, D]; k_later, v_later [B, kv, T, s, D]
+        B, h, T, D = q.shape
+        kv = k0.shape[1]
+        scale = D**-0.5
+        acc = torch.promote_types(q.dtype, torch.float32)  # softmax weights in >= fp32
+        out0, lse0 = _flash_cpu(q, k0, v0, 0.0, True, scale=scale)  # [B, h, T, D], [B, h, T]
+        qg = q.reshape(B, kv, h // kv, T, D)  # g = h // kv query heads per kv head
+        later = torch.einsum("bkgtd,bktsd->bkgts", qg, k_later).to(acc) * scale  # [B,kv,g,T,s]
+        lse0 = lse0.reshape(B, kv, h // kv, T, 1).to(acc)
+        lse = torch.logsumexp(torch.cat([lse0, later], dim=-1), dim=-1, keepdim=True)
+        w0 = (lse0 - lse).exp()  # [B, kv, g, T, 1], the step-0 block's share
+        w = (later - lse).exp()  # [B, kv, g, T, s], each later key's weight
+        out = w0.to(q.dtype) * out0.reshape(qg.shape)
+        out = out + torch.einsum("bkgts,bktsd->bkgtd", w.to(q.dtype), v_later)
+        out = out.reshape(B, h, T, D)
+        ctx.save_for_backward(q, k0, v0, k_later, v_later, out, lse0.reshape(B, h, T), w0, w)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k0, v0, k_later, v_later, out, lse0, w0, w = ctx.saved_tensors
+        B, h, T, D = q.shape
+        kv = k0.shape[1]
+        scale = D**-0.5
+        grad_out = grad_out.contiguous()
+        grad_g = grad_out.reshape(B, kv, h // kv, T, D)  # [B, kv, g, T, D]
+        grad_block = (grad_g * w0.to(grad_out.dtype)).reshape(B, h, T, D)
+        dq, dk0, dv0 = _flash_cpu_backward(
+            grad_block, q, k0, v0, out, lse0.to(w.dtype), 0.0, True, scale=scale
+        )  # the kernel's log-sum-exp is in its accumulation dtype (w's: >= float32)
+        acc = w.dtype
+        rowdot = (grad_g * out.reshape(grad_g.shape)).sum(-1, keepdim=True).to(acc)
+        grad_w = torch.einsum("bkgtd,bktsd->bkgts", grad_g, v_later).to(acc)
+        grad_later = (w * (grad_w - rowdot) * scale).to(q.dtype)  # d loss / d (q . k_j)
+        qg = q.reshape(grad_g.shape)
+        dq = dq + torch.einsum("bkgts,bktsd->bkgtd", grad_later, k_later).reshape(B, h, T, D)
+        dk_later = torch.einsum("bkgts,bkgtd->bktsd", grad_later, qg)
+        dv_later = torch.einsum("bkgts,bkgtd->bktsd", w.to(grad_out.dtype), grad_g)
+        return dq, dk0, dv0, dk_later, dv_later
+
+
+def ttt_attention(
+    q: torch.Tensor,  # [B, h, T, D], this step's queries
+    keys: list[torch.Tensor],  # per step so far (this one last) [B, kv, T, D]
+    values: list[torch.Tensor],  # per step so far [B, kv, T, D]
+) -> torch.Tensor:
+    """SDPA under `ttt_attention_mask(T, len(keys) - 1)`. Returns [B, h, T, D].
+
+    The mask is causal over the step-0 keys and diagonal over every later step's keys: the dense
+    form scores (step + 1) * T keys per query, of which at most T + step are visible (10 T^2
+    scores at TTT length 4 where 4 T^2, half of them masked by causality, are needed). On the CPU
+    the step-0 block runs as causal flash attention, which skips the masked half, and each later
+    step adds one score per query (`_TTTAttentionCPU`); elsewhere it is the dense masked SDPA."""
+    gqa = q.shape[1] != keys[0].shape[1]
+    if len(keys) == 1:
+        return F.scaled_dot_product_attention(q, keys[0], values[0], is_causal=True, enable_gqa=gqa)
+    if q.device.type == "cpu":
+        # one dtype for the kernel: autocast's (as SDPA under autocast) or q's
+        autocast = torch.is_autocast_enabled("cpu")
+        dtype = torch.get_autocast_dtype("cpu") if autocast else q.dtype
+        k_later = torch.stack(keys[1:], dim=-2).to(dtype)  # [B, kv, T, s, D]
+        v_later = torch.stack(values[1:], dim=-2).to(dtype)
+        with torch.autocast("cpu", enabled=False):
+            return _TTTAttentionCPU.apply(
+                q.to(dtype), keys[0].to(dtype), values[0].to(dtype), k_later, v_later
+            )
+    mask = ttt_attention_mask(q.shape[2], len(keys) - 1, q.device)
+    k, v = torch.cat(keys, dim=2), torch.cat(values, dim=2)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
 class Eagle3Attention(nn.Module):
     """GQA self-attention whose input is [norm(embedding), norm(hidden)], 2H wide."""
 
@@ -122,7 +214,8 @@ class Eagle3Attention(nn.Module):
         x: torch.Tensor,  # [B, T, 2H]
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         past_key_values: KVCache,
-        attention_mask: torch.Tensor | None,  # bool [T, S_total] or [B, 1, T, S_total]; None = all
+        attention_mask: torch.Tensor | str | None,  # bool [T, S_total] or [B, 1, T, S_total];
+        # None = all visible; TTT = the training-time-test pattern (`ttt_attention`)
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         B, T, _ = x.shape
         h, kv, D = self.num_heads, self.num_kv_heads, self.head_dim
@@ -131,13 +224,19 @@ class Eagle3Attention(nn.Module):
         v = self.v_proj(x).view(B, T, kv, D).transpose(1, 2)  # [B, kv, T, D]
         q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
 
-        # keys of earlier steps first, this step's last: [B, kv, S_total, D]
-        all_k = torch.cat([pk for pk, _ in past_key_values] + [k], dim=2)
-        all_v = torch.cat([pv for _, pv in past_key_values] + [v], dim=2)
-        # each group of h // kv query heads reads one key/value head (GQA)
-        out = F.scaled_dot_product_attention(
-            q, all_k, all_v, attn_mask=attention_mask, enable_gqa=h != kv
-        )  # [B, h, T, D]
+        if isinstance(attention_mask, str):
+            if attention_mask != TTT:
+                raise ValueError(f"unknown attention pattern {attention_mask!r}; use {TTT!r}")
+            keys = [pk for pk, _ in past_key_values] + [k]
+            out = ttt_attention(q, keys, [pv for _, pv in past_key_values] + [v])  # [B, h, T, D]
+        else:
+            # keys of earlier steps first, this step's last: [B, kv, S_total, D]
+            all_k = torch.cat([pk for pk, _ in past_key_values] + [k], dim=2)
+            all_v = torch.cat([pv for _, pv in past_key_values] + [v], dim=2)
+            # each group of h // kv query heads reads one key/value head (GQA)
+            out = F.scaled_dot_product_attention(
+                q, all_k, all_v, attn_mask=attention_mask, enable_gqa=h != kv
+            )  # [B, h, T, D]
         out = out.transpose(1, 2).reshape(B, T, h * D)
         return self.o_proj(out), (k, v)  # [B, T, H]; this step's rotated k/v for later steps
 

@@ -42,7 +42,7 @@ from safetensors import safe_open
 
 from eaglet.config import TargetConfig, TrainConfig
 from eaglet.draft.checkpoint import load_training_state, save_draft, save_training_state
-from eaglet.draft.model import Eagle3Config, Eagle3Draft, ttt_attention_mask
+from eaglet.draft.model import TTT, Eagle3Config, Eagle3Draft
 from eaglet.draft.optimizer import make_optimizer
 from eaglet.draft.schedule import warmup_cosine
 from eaglet.draft.target_head import TargetHead, load_target_head
@@ -222,15 +222,14 @@ def ttt_unroll(
     """Training-time test: `ttt_length` draft steps over all T positions at once.
 
     Step i at index t reads embed(x_{t+1+i}) and the step-(i-1) output at t (g_t at step 0), sits
-    at position t + i, attends to step-0 keys <= t and steps 1..i keys at t. Returns the logits of
-    every step, each [B, T, Vd]."""
+    at position t + i, attends to step-0 keys <= t and steps 1..i keys at t (the `TTT` pattern,
+    which skips the masked scores). Returns the logits of every step, each [B, T, Vd]."""
     B, T, _ = hidden.shape
     positions = torch.arange(T, device=hidden.device).expand(B, T)  # [B, T]
     cache, step_logits = [], []
     for i in range(ttt_length):
         ids = shift_left(input_ids, 1 + i, T)  # [B, T], the token after the one step i predicts
-        mask = ttt_attention_mask(T, i, hidden.device)  # [T, (i+1)T]
-        hidden, cache = draft(F.embedding(ids, embed), hidden, positions + i, cache, mask)
+        hidden, cache = draft(F.embedding(ids, embed), hidden, positions + i, cache, TTT)
         step_logits.append(draft.compute_logits(hidden))  # [B, T, Vd]
     return step_logits
 
