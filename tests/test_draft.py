@@ -12,13 +12,14 @@ from eaglet.draft.checkpoint import (
     save_draft,
     save_training_state,
 )
-from eaglet.draft.model import TTT, Eagle3Config, Eagle3Draft, ttt_attention_mask
+from eaglet.draft.model import TTT, Eagle3Config, Eagle3Draft, ttt_attention, ttt_attention_mask
 from eaglet.draft.train import (
     epoch_batches,
     position_loss,
     target_in_vocab,
     target_probs,
     ttt_loss,
+    ttt_start,
     ttt_unroll,
 )
 from eaglet.draft.vocab import DraftVocab, build_draft_vocab, count_tokens
@@ -165,6 +166,91 @@ def test_ttt_pattern_under_bfloat16_autocast_matches_the_dense_mask():
         torch.testing.assert_close(fused, dense, rtol=0.02, atol=0.02)
     for name, grad in dense_grads.items():
         assert (ttt_grads[name] - grad).norm() <= 0.02 * grad.norm(), name
+
+
+@pytest.mark.parametrize("kv_heads", [4, 1])
+def test_ttt_attention_with_later_steps_from_start_equals_the_dense_mask(kv_heads):
+    """Queries at indices start..T-1 (a later TTT step that skips the prompt): the step-0 keys
+    before start are all visible, those after are causal, each later step's key diagonal; the
+    CPU kernel gives SDPA's values and gradients under `ttt_attention_mask(..., start)`."""
+    torch.manual_seed(8)
+    B, h, T, D, start, steps = 2, 4, 11, 8, 4, 3
+    q = torch.randn(B, h, T - start, D, dtype=torch.float64, requires_grad=True)
+    keys = [torch.randn(B, kv_heads, T, D, dtype=torch.float64, requires_grad=True)]
+    keys += [
+        torch.randn(B, kv_heads, T - start, D, dtype=torch.float64, requires_grad=True)
+        for _ in range(steps - 1)
+    ]
+    values = [torch.randn_like(k, requires_grad=True) for k in keys]
+    leaves = [q, *keys, *values]
+
+    def run(fused: bool):
+        if fused:
+            out = ttt_attention(q, keys, values)
+        else:
+            mask = ttt_attention_mask(T, steps - 1, start=start)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, torch.cat(keys, 2), torch.cat(values, 2), attn_mask=mask,
+                enable_gqa=kv_heads != h,
+            )  # fmt: skip
+        grads = torch.autograd.grad((out * torch.arange(out.numel()).view_as(out)).sum(), leaves)
+        return out, grads
+
+    dense, dense_grads = run(False)
+    fused, fused_grads = run(True)
+    torch.testing.assert_close(fused, dense, rtol=1e-10, atol=1e-10)
+    for a, b in zip(fused_grads, dense_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_ttt_start_is_the_first_index_a_later_step_can_count():
+    """Step i >= 1 at index t counts only when x_{t+2+i} is model output: with the earliest
+    answer at index a in the batch and TTT length L, nothing below a - L - 1 can count."""
+    mask = torch.zeros(3, 20, dtype=torch.bool)
+    mask[0, 12:], mask[1, 9:15], mask[2, 17:] = True, True, True
+    assert ttt_start(mask, 4) == 9 - 4 - 1
+    assert ttt_start(mask[:, :], 1) == 0  # no later steps
+    assert ttt_start(mask[2:], 3) == 17 - 3 - 1
+    assert ttt_start(torch.zeros(2, 5, dtype=torch.bool), 4) == 0  # min(T - L - 1, ...) < 0
+    assert ttt_start(torch.ones(2, 5, dtype=torch.bool), 4) == 0
+
+
+def test_later_steps_from_ttt_start_give_the_whole_unrolls_loss_and_gradients(draft):
+    """Skipping the later steps' indices below `ttt_start` changes nothing the loss reads: the
+    loss, the per-step stats and every gradient equal the unroll over all indices."""
+    torch.manual_seed(9)
+    draft = draft.double().train()
+    B, T, L = 3, 16, 4
+    embed = torch.randn(V, H, dtype=torch.float64)
+    ids = torch.randint(0, V, (B, T))
+    aux = torch.randn(B, T, 3 * H, dtype=torch.float64)
+    lengths = torch.tensor([16, 14, 12])
+    loss_mask = torch.zeros(B, T, dtype=torch.bool)
+    loss_mask[0, 11:16], loss_mask[1, 10:14], loss_mask[2, 12:12] = True, True, True
+    in_vocab = torch.rand(B, T) > 0.2
+    probs = torch.randn(B, T, VD, dtype=torch.float64).softmax(-1)
+    start = ttt_start(loss_mask, L)
+    assert start == 10 - L - 1
+
+    def loss_and_grads(first: int):
+        draft.zero_grad()
+        logits = ttt_unroll(draft, embed, ids, draft.fuse(aux), L, first)
+        assert [x.shape[1] for x in logits] == [T] + [T - first] * (L - 1)
+        loss, stats = ttt_loss(logits, probs, in_vocab, loss_mask, lengths, 0.8, start=first)
+        loss.backward()
+        return loss, stats, {n: p.grad.clone() for n, p in draft.named_parameters()}
+
+    whole_loss, whole_stats, whole_grads = loss_and_grads(0)
+    part_loss, part_stats, part_grads = loss_and_grads(start)
+    torch.testing.assert_close(part_loss, whole_loss, rtol=1e-10, atol=1e-12)
+    assert part_stats["count"] == whole_stats["count"] and sum(whole_stats["count"]) > 0
+    for name, grad in whole_grads.items():
+        torch.testing.assert_close(part_grads[name], grad, rtol=1e-8, atol=1e-12, msg=name)
+    with pytest.raises(ValueError, match="before start"):  # a start past a counted index
+        ttt_loss(
+            ttt_unroll(draft, embed, ids, draft.fuse(aux), L, start + 3),
+            probs, in_vocab, loss_mask, lengths, 0.8, start=start + 3,
+        )  # fmt: skip
 
 
 def test_an_unknown_attention_pattern_is_refused(draft):

@@ -91,16 +91,20 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotate_half(x) * sin  # [B, heads, T, D]
 
 
-def ttt_attention_mask(seq_len: int, step: int, device: torch.device | None = None) -> torch.Tensor:
+def ttt_attention_mask(
+    seq_len: int, step: int, device: torch.device | None = None, start: int = 0
+) -> torch.Tensor:
     """Which keys a query may see at TTT step `step` (0-based), all positions at once.
 
-    Keys are [step-0 keys (seq_len) | step-1 keys (seq_len) | ... | step-`step` keys]. The query at
-    index t sees step-0 keys at indices <= t (causal) and, for each later step, only the key at
-    index t (the diagonal): that is what position t's drafted chain looks like at inference.
-    Returns bool [seq_len, (step + 1) * seq_len], True = visible.
+    Keys are [step-0 keys (seq_len) | step-1 keys | ... | step-`step` keys]. The query at index t
+    sees step-0 keys at indices <= t (causal) and, for each later step, only the key at index t
+    (the diagonal): that is what position t's drafted chain looks like at inference. With
+    `start`, the later steps (and a step > 0's queries) cover indices start..seq_len-1 only
+    (`ttt_unroll` skips the indices where no later step can count). Returns bool
+    [seq_len - start, seq_len + step * (seq_len - start)] (start is 0 at step 0), True = visible.
     """
-    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
-    diagonal = torch.eye(seq_len, dtype=torch.bool, device=device)
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[start:]
+    diagonal = torch.eye(seq_len - start, dtype=torch.bool, device=device)
     return torch.cat([causal] + [diagonal] * step, dim=-1)
 
 
@@ -113,84 +117,101 @@ _flash_cpu_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
 class _TTTAttentionCPU(torch.autograd.Function):
-    """Causal flash attention over the step-0 keys, merged with the later steps' diagonal scores
-    through the flash kernel's log-sum-exp; the backward reuses the flash backward.
+    """Flash attention over the step-0 keys, merged with the later steps' diagonal scores through
+    the flash kernel's log-sum-exp; the backward reuses the flash backward.
 
-    With l0 the log-sum-exp of a query's causal scores, d_j its score against step j's key at its
-    own index and L = logsumexp(l0, d_1..d_s), the output is
-        out = exp(l0 - L) * flash_out + sum_j exp(d_j - L) * v_j.
-    The flash backward, given grad_out * exp(l0 - L) and the merged `out`, yields exactly the
-    gradients of the step-0 block under the merged softmax (its D term is rowsum(dO * out))."""
+    The queries sit at indices start..T-1. The step-0 keys come in two blocks: indices < start,
+    which every query sees (plain flash), and start..T-1, causal to the queries (causal flash).
+    With l_b the log-sum-exp of a query's scores in block b, d_j its score against step j's key
+    at its own index and L = logsumexp(l_b.., d_1..d_s), the output is
+        out = sum_b exp(l_b - L) * flash_out_b + sum_j exp(d_j - L) * v_j.
+    The flash backward of block b, given grad_out * exp(l_b - L) and the merged `out`, yields
+    exactly that block's gradients under the merged softmax (its D term is rowsum(dO * out))."""
 
     @staticmethod
     def forward(ctx, q, k0, v0, k_later, v_later):
-        # q [B, h, T, D]; k0, v0 [B, kv, T, D]; k_later, v_later [B, kv, T, s, D]
-        B, h, T, D = q.shape
-        kv = k0.shape[1]
+        # q [B, h, Tq, D]; k0, v0 [B, kv, T, D]; k_later, v_later [B, kv, Tq, s, D]; Tq <= T
+        B, h, Tq, D = q.shape
+        kv, start = k0.shape[1], k0.shape[2] - q.shape[2]
         scale = D**-0.5
         acc = torch.promote_types(q.dtype, torch.float32)  # softmax weights in >= fp32
-        out0, lse0 = _flash_cpu(q, k0, v0, 0.0, True, scale=scale)  # [B, h, T, D], [B, h, T]
-        qg = q.reshape(B, kv, h // kv, T, D)  # g = h // kv query heads per kv head
-        later = torch.einsum("bkgtd,bktsd->bkgts", qg, k_later).to(acc) * scale  # [B,kv,g,T,s]
-        lse0 = lse0.reshape(B, kv, h // kv, T, 1).to(acc)
-        lse = torch.logsumexp(torch.cat([lse0, later], dim=-1), dim=-1, keepdim=True)
-        w0 = (lse0 - lse).exp()  # [B, kv, g, T, 1], the step-0 block's share
-        w = (later - lse).exp()  # [B, kv, g, T, s], each later key's weight
-        out = w0.to(q.dtype) * out0.reshape(qg.shape)
-        out = out + torch.einsum("bkgts,bktsd->bkgtd", w.to(q.dtype), v_later)
-        out = out.reshape(B, h, T, D)
-        ctx.save_for_backward(q, k0, v0, k_later, v_later, out, lse0.reshape(B, h, T), w0, w)
+        blocks = [(slice(start, None), True)] + ([(slice(0, start), False)] if start else [])
+        outs, lses = [], []
+        for keys, causal in blocks:
+            out_b, lse_b = _flash_cpu(q, k0[:, :, keys], v0[:, :, keys], 0.0, causal, scale=scale)
+            outs.append(out_b.reshape(B, kv, h // kv, Tq, D))  # g = h // kv heads per kv head
+            lses.append(lse_b.reshape(B, kv, h // kv, Tq, 1).to(acc))
+        qg = q.reshape(B, kv, h // kv, Tq, D)
+        later = torch.einsum("bkgtd,bktsd->bkgts", qg, k_later).to(acc) * scale  # [B,kv,g,Tq,s]
+        lse = torch.logsumexp(torch.cat(lses + [later], dim=-1), dim=-1, keepdim=True)
+        block_w = torch.cat([(lse_b - lse).exp() for lse_b in lses], dim=-1)  # [.., Tq, blocks]
+        w = (later - lse).exp()  # [B, kv, g, Tq, s], each later key's weight
+        out = torch.einsum("bkgts,bktsd->bkgtd", w.to(q.dtype), v_later)
+        for b, out_b in enumerate(outs):
+            out = out + block_w[..., b : b + 1].to(q.dtype) * out_b
+        out = out.reshape(B, h, Tq, D)
+        ctx.blocks = blocks
+        ctx.save_for_backward(q, k0, v0, k_later, v_later, out, torch.cat(lses, -1), block_w, w)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k0, v0, k_later, v_later, out, lse0, w0, w = ctx.saved_tensors
-        B, h, T, D = q.shape
+        q, k0, v0, k_later, v_later, out, lses, block_w, w = ctx.saved_tensors
+        B, h, Tq, D = q.shape
         kv = k0.shape[1]
         scale = D**-0.5
         grad_out = grad_out.contiguous()
-        grad_g = grad_out.reshape(B, kv, h // kv, T, D)  # [B, kv, g, T, D]
-        grad_block = (grad_g * w0.to(grad_out.dtype)).reshape(B, h, T, D)
-        dq, dk0, dv0 = _flash_cpu_backward(
-            grad_block, q, k0, v0, out, lse0.to(w.dtype), 0.0, True, scale=scale
-        )  # the kernel's log-sum-exp is in its accumulation dtype (w's: >= float32)
+        grad_g = grad_out.reshape(B, kv, h // kv, Tq, D)  # [B, kv, g, Tq, D]
+        dq = torch.zeros_like(q)
+        dk0, dv0 = torch.zeros_like(k0), torch.zeros_like(v0)
+        for b, (keys, causal) in enumerate(ctx.blocks):
+            grad_block = (grad_g * block_w[..., b : b + 1].to(grad_out.dtype)).reshape(q.shape)
+            lse_b = lses[..., b].reshape(B, h, Tq)  # the kernel's dtype: >= float32, as w's
+            dq_b, dk_b, dv_b = _flash_cpu_backward(
+                grad_block, q, k0[:, :, keys], v0[:, :, keys], out, lse_b, 0.0, causal, scale=scale
+            )
+            dq += dq_b
+            dk0[:, :, keys] += dk_b
+            dv0[:, :, keys] += dv_b
         acc = w.dtype
         rowdot = (grad_g * out.reshape(grad_g.shape)).sum(-1, keepdim=True).to(acc)
         grad_w = torch.einsum("bkgtd,bktsd->bkgts", grad_g, v_later).to(acc)
         grad_later = (w * (grad_w - rowdot) * scale).to(q.dtype)  # d loss / d (q . k_j)
         qg = q.reshape(grad_g.shape)
-        dq = dq + torch.einsum("bkgts,bktsd->bkgtd", grad_later, k_later).reshape(B, h, T, D)
+        dq = dq + torch.einsum("bkgts,bktsd->bkgtd", grad_later, k_later).reshape(q.shape)
         dk_later = torch.einsum("bkgts,bkgtd->bktsd", grad_later, qg)
         dv_later = torch.einsum("bkgts,bkgtd->bktsd", w.to(grad_out.dtype), grad_g)
         return dq, dk0, dv0, dk_later, dv_later
 
 
 def ttt_attention(
-    q: torch.Tensor,  # [B, h, T, D], this step's queries
-    keys: list[torch.Tensor],  # per step so far (this one last) [B, kv, T, D]
-    values: list[torch.Tensor],  # per step so far [B, kv, T, D]
+    q: torch.Tensor,  # [B, h, Tq, D], this step's queries, at indices T - Tq .. T - 1
+    keys: list[torch.Tensor],  # per step so far (this one last): step 0 [B, kv, T, D], later
+    # steps [B, kv, Tq, D]
+    values: list[torch.Tensor],  # as keys
 ) -> torch.Tensor:
-    """SDPA under `ttt_attention_mask(T, len(keys) - 1)`. Returns [B, h, T, D].
+    """SDPA under `ttt_attention_mask(T, len(keys) - 1, start=T - Tq)`. Returns [B, h, Tq, D].
 
     The mask is causal over the step-0 keys and diagonal over every later step's keys: the dense
     form scores (step + 1) * T keys per query, of which at most T + step are visible (10 T^2
     scores at TTT length 4 where 4 T^2, half of them masked by causality, are needed). On the CPU
-    the step-0 block runs as causal flash attention, which skips the masked half, and each later
-    step adds one score per query (`_TTTAttentionCPU`); elsewhere it is the dense masked SDPA."""
+    the step-0 keys run as flash attention, which skips the masked half, and each later step
+    adds one score per query (`_TTTAttentionCPU`); elsewhere it is the dense masked SDPA."""
     gqa = q.shape[1] != keys[0].shape[1]
-    if len(keys) == 1:
+    T, start = keys[0].shape[2], keys[0].shape[2] - q.shape[2]
+    if len(keys) == 1 and start == 0:
         return F.scaled_dot_product_attention(q, keys[0], values[0], is_causal=True, enable_gqa=gqa)
-    if q.device.type == "cpu":
+    if q.device.type == "cpu" and len(keys) > 1:
         # one dtype for the kernel: autocast's (as SDPA under autocast) or q's
         autocast = torch.is_autocast_enabled("cpu")
         dtype = torch.get_autocast_dtype("cpu") if autocast else q.dtype
-        k_later = torch.stack(keys[1:], dim=-2).to(dtype)  # [B, kv, T, s, D]
+        k_later = torch.stack(keys[1:], dim=-2).to(dtype)  # [B, kv, Tq, s, D]
         v_later = torch.stack(values[1:], dim=-2).to(dtype)
         with torch.autocast("cpu", enabled=False):
             return _TTTAttentionCPU.apply(
                 q.to(dtype), keys[0].to(dtype), values[0].to(dtype), k_later, v_later
             )
-    mask = ttt_attention_mask(q.shape[2], len(keys) - 1, q.device)
+    mask = ttt_attention_mask(T, len(keys) - 1, q.device, start)
     k, v = torch.cat(keys, dim=2), torch.cat(values, dim=2)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 

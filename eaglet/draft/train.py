@@ -218,20 +218,41 @@ def ttt_unroll(
     input_ids: torch.Tensor,  # [B, T_ids >= T]
     hidden: torch.Tensor,  # [B, T, H], draft.fuse(aux)
     ttt_length: int,
+    start: int = 0,
 ) -> list[torch.Tensor]:
     """Training-time test: `ttt_length` draft steps over all T positions at once.
 
     Step i at index t reads embed(x_{t+1+i}) and the step-(i-1) output at t (g_t at step 0), sits
     at position t + i, attends to step-0 keys <= t and steps 1..i keys at t (the `TTT` pattern,
-    which skips the masked scores). Returns the logits of every step, each [B, T, Vd]."""
+    which skips the masked scores). Steps after the first run over indices start..T-1 only
+    (`ttt_start`: below it none of them can count; step 0 runs everywhere, its keys are every
+    later step's context). Returns the logits of every step: step 0 [B, T, Vd], later steps
+    [B, T - start, Vd]."""
     B, T, _ = hidden.shape
     positions = torch.arange(T, device=hidden.device).expand(B, T)  # [B, T]
     cache, step_logits = [], []
     for i in range(ttt_length):
-        ids = shift_left(input_ids, 1 + i, T)  # [B, T], the token after the one step i predicts
+        if i == 1:  # the later steps' indices: start..T-1
+            hidden, positions = hidden[:, start:], positions[:, start:]
+        first = T - hidden.shape[1]  # 0 at step 0, start after
+        ids = shift_left(input_ids, 1 + i, T)[:, first:]  # the token after the one step i predicts
         hidden, cache = draft(F.embedding(ids, embed), hidden, positions + i, cache, TTT)
-        step_logits.append(draft.compute_logits(hidden))  # [B, T, Vd]
+        step_logits.append(draft.compute_logits(hidden))  # [B, T - first, Vd]
     return step_logits
+
+
+def ttt_start(loss_mask: torch.Tensor, ttt_length: int) -> int:
+    """The first index where a TTT step after the first can count, over a batch (bool [B, T]
+    loss_mask): step i >= 1 at index t predicts x_{t+2+i}, which counts only if it is model
+    output, so t >= a - 2 - i for a row whose first model-output token is at a. Below it the
+    later steps compute nothing the loss reads: on a prompt-heavy batch (the fixture's answers
+    are a quarter of its tokens) that is most of their work."""
+    B, T = loss_mask.shape
+    if ttt_length < 2 or B == 0:
+        return 0
+    any_output = loss_mask.any(dim=1)  # [B]
+    first_output = torch.where(any_output, loss_mask.int().argmax(dim=1), T)  # [B]
+    return max(0, min(int(first_output.min()) - ttt_length - 1, T - 1))
 
 
 def counted_positions(
@@ -279,6 +300,7 @@ def ttt_loss(
     step_weight: float = 0.8,
     denominators: list[int] | None = None,
     loss: str = "kl",
+    start: int = 0,
 ) -> tuple[torch.Tensor, dict[str, list[float]]]:
     """Sum over steps of step_weight**i * the per-position loss, each step averaged over its
     counted positions (`counted_positions`) — or divided by `denominators[i]`, the count over a
@@ -286,7 +308,8 @@ def ttt_loss(
 
     `loss` per position: `kl`, the soft cross-entropy -sum p log q (forward KL up to the
     target's entropy); `tv`, the total variation 1/2 sum |p - q|, which is 1 - the chance a
-    sampled draft token is accepted; `kl_tv`, their sum.
+    sampled draft token is accepted; `kl_tv`, their sum. The logits of steps after the first
+    cover indices start..T-1 (`ttt_unroll`).
 
     Stats per step: `loss` and `acc` (means over this piece), `count`, and the sums `loss_sum`
     and `hits` that add up across pieces."""
@@ -294,7 +317,10 @@ def ttt_loss(
     stats: dict[str, list[float]] = {"loss": [], "acc": [], "count": [], "loss_sum": [], "hits": []}
     for i, logits in enumerate(step_logits):
         b, tt = counted_positions(i, target_in_vocab, loss_mask, lengths).nonzero(as_tuple=True)
-        log_q = logits[b, tt].float().log_softmax(-1)  # [N, Vd]
+        offset = start if i else 0  # index of the logits' first column
+        if len(tt) and int(tt.min()) < offset:
+            raise ValueError(f"TTT step {i} counts index {int(tt.min())}, before start {start}")
+        log_q = logits[b, tt - offset].float().log_softmax(-1)  # [N, Vd]
         p = target_probs[b, tt + 1 + i]  # [N, Vd]
         n = len(b)
         step_sum = position_loss(p, log_q, loss)
@@ -614,7 +640,10 @@ def train_step(run: Run, indices: list[int]) -> dict:
             run.device.type, dtype=run.autocast or torch.bfloat16, enabled=run.autocast is not None
         ):
             hidden = run.draft.fuse(b["aux_hidden_states"])  # [B, T, H]
-            step_logits = ttt_unroll(run.draft, run.embed, b["input_ids"], hidden, c.ttt_length)
+            start = ttt_start(b["loss_mask"], c.ttt_length)
+            step_logits = ttt_unroll(
+                run.draft, run.embed, b["input_ids"], hidden, c.ttt_length, start
+            )
         loss, stats = ttt_loss(
             step_logits,
             probs,
@@ -624,6 +653,7 @@ def train_step(run: Run, indices: list[int]) -> dict:
             c.ttt_step_weight,
             denominators,
             c.loss,
+            start,
         )
         loss.backward()
         sums[0] += torch.tensor(stats["loss_sum"], dtype=torch.float64, device=run.device)
