@@ -333,6 +333,13 @@ class TrainConfig(_Strict):
         description="Fraction of samples (by sample_id hash) kept out of training for evaluation.",
     )
     seed: int = Field(0, description="Training seed.")
+    keep_best: bool = Field(
+        False,
+        description="At each epoch's end, measure the TTT loss on the held-out samples "
+        "(holdout_fraction) and export the epoch where it was lowest, as speculators keeps its "
+        "best checkpoint; the held-out loss per epoch is in the train summary. Offline hidden "
+        "states only.",
+    )
     intermediate_size: int | None = Field(
         None, ge=1, description="Draft MLP width; None = the target's, as published drafts do."
     )
@@ -427,6 +434,17 @@ class TrainConfig(_Strict):
         "ahead of the trainer (a bounded queue; the fetching waits when it is full). 0 = fetch "
         "each when the trainer needs it.",
     )
+
+    @model_validator(mode="after")
+    def _keep_best_needs_held_out_shards(self) -> TrainConfig:
+        if self.keep_best and self.hidden_states != "offline":
+            raise ValueError(
+                "train.keep_best reads the held-out samples' features from the offline shards: "
+                "set train.hidden_states=offline, or train.keep_best=false"
+            )
+        if self.keep_best and self.holdout_fraction == 0:
+            raise ValueError("train.keep_best needs held-out samples: train.holdout_fraction > 0")
+        return self
 
 
 class EvaluateConfig(_Strict):

@@ -267,6 +267,72 @@ def test_resume_continues_at_saved_step_with_same_vocab(world, tmp_path, monkeyp
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
 
 
+HELD_OUT = frozenset(f"s{i}" for i in range(8))  # 56 training samples: 7 steps an epoch
+
+
+def test_keep_best_exports_the_epoch_of_the_lowest_held_out_loss(world, tmp_path, monkeypatch):
+    """train.keep_best: the held-out loss at each epoch's end is in the summary; the exported
+    draft holds the weights of the epoch where it was lowest (here the second of three), while
+    the training state keeps the last epoch's for a resume."""
+    args = (world / "hs", world / "target")
+    kwargs = dict(
+        aux_layer_ids=AUX_IDS, aux_layer_convention=CONVENTION, exclude_sample_ids=HELD_OUT
+    )
+    real = train_draft(*args, tmp_path / "real", settings(epochs=3, keep_best=True), **kwargs)
+    losses = [r["loss"] for r in real["heldout_losses"]]
+    assert [r["step"] for r in real["heldout_losses"]] == [7, 14, 21]
+    assert [r["epoch"] for r in real["heldout_losses"]] == [1.0, 2.0, 3.0]
+    assert 0 < losses[2] < losses[0]  # measured on the 8 held-out samples, it falls
+    assert real["best_epoch"] == 1.0 + losses.index(min(losses))
+
+    planted = [3.0, 1.0, 2.0]  # the second epoch is the best
+    monkeypatch.setattr("eaglet.draft.train.heldout_loss", lambda run: planted.pop(0))
+    best = train_draft(*args, tmp_path / "best", settings(epochs=3, keep_best=True), **kwargs)
+    assert best["best_epoch"] == 2.0 and [r["loss"] for r in best["heldout_losses"]] == [3, 1, 2]
+    # the same run stopped at the second epoch's end (same schedule: max_steps keeps it)
+    second = train_draft(*args, tmp_path / "second", settings(epochs=3, max_steps=14), **kwargs)
+    assert second["steps"] == 14
+    exported = load_file(str(tmp_path / "best" / "draft" / "model.safetensors"))
+    at_second = load_file(str(tmp_path / "second" / "draft" / "model.safetensors"))
+    last = load_file(str(tmp_path / "best" / "state" / "model.safetensors"))
+    for name, tensor in exported.items():
+        torch.testing.assert_close(tensor, at_second[name], rtol=0, atol=0, msg=name)
+    assert any(not torch.equal(last[n], exported[n]) for n in last if n in exported)
+    state = json.loads((tmp_path / "best" / "state" / "state.json").read_text())
+    assert [r["loss"] for r in state["heldout_losses"]] == [3, 1, 2]
+
+
+def test_keep_best_resumes_with_the_losses_it_measured(world, tmp_path):
+    """A keep_best run stopped mid-way and resumed records the same held-out losses and
+    exports the same draft as a run never stopped."""
+    args = (world / "hs", world / "target")
+    kwargs = dict(
+        aux_layer_ids=AUX_IDS, aux_layer_convention=CONVENTION, exclude_sample_ids=HELD_OUT
+    )
+    config = settings(epochs=2, keep_best=True)
+    full = train_draft(*args, tmp_path / "full", config, **kwargs)
+    train_draft(
+        *args, tmp_path / "part", settings(epochs=2, keep_best=True, max_steps=10), **kwargs
+    )
+    resumed = train_draft(*args, tmp_path / "part", config, **kwargs)
+    assert resumed["resumed_from_step"] == 10
+    steps = [(r["epoch"], r["step"]) for r in resumed["heldout_losses"]]
+    assert steps == [(r["epoch"], r["step"]) for r in full["heldout_losses"]] == [(1, 7), (2, 14)]
+    losses = [r["loss"] for r in resumed["heldout_losses"]]
+    assert losses == pytest.approx([r["loss"] for r in full["heldout_losses"]], rel=1e-6)
+    a = load_file(str(tmp_path / "full" / "draft" / "model.safetensors"))
+    b = load_file(str(tmp_path / "part" / "draft" / "model.safetensors"))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+def test_keep_best_needs_offline_shards_and_held_out_samples():
+    with pytest.raises(ValueError, match="keep_best reads the held-out samples' features"):
+        TrainConfig(keep_best=True, hidden_states="online")
+    with pytest.raises(ValueError, match="holdout_fraction > 0"):
+        TrainConfig(keep_best=True, holdout_fraction=0.0)
+
+
 def test_gradient_accumulation_follows_the_same_loss_curve(world, tmp_path):
     """Two micro-batches per step, each normalized by the whole batch's counts: the same
     steps as one batch (float sums aside)."""

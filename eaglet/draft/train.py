@@ -48,6 +48,7 @@ from eaglet.draft.schedule import warmup_cosine
 from eaglet.draft.target_head import TargetHead, load_target_head
 from eaglet.draft.vocab import DraftVocab, build_draft_vocab, count_tokens
 from eaglet.hidden_states.shards import read_window
+from eaglet.storage import atomic_folder
 from eaglet.target import resolve_device
 
 log = logging.getLogger(__name__)
@@ -62,11 +63,22 @@ class HiddenStatesData:
     """The shards of one hidden-states folder, read lazily (safetensors mmap), one item per
     training window (a sample, or a max_seq_len piece of a longer one)."""
 
-    def __init__(self, root: Path, exclude_sample_ids=frozenset(), max_seq_len: int = 1024):
+    def __init__(
+        self,
+        root: Path,
+        exclude_sample_ids=frozenset(),
+        max_seq_len: int = 1024,
+        only_sample_ids: frozenset[str] | None = None,
+    ):
         self.root = Path(root)
         lines = (self.root / "index.jsonl").read_text().splitlines()
         entries = [json.loads(line) for line in lines if line.strip()]
-        self.samples = [e for e in entries if e["sample_id"] not in exclude_sample_ids]
+        self.samples = [
+            e
+            for e in entries
+            if e["sample_id"] not in exclude_sample_ids
+            and (only_sample_ids is None or e["sample_id"] in only_sample_ids)
+        ]
         self.windows: list[tuple[str, int, int]] = []  # (shard, offset, length)
         for e in self.samples:
             for start, length in window_starts(e["length"], max_seq_len):
@@ -344,7 +356,7 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def plot_loss(metrics: list[dict], path: Path) -> None:
+def plot_loss(metrics: list[dict], path: Path, heldout: list[dict] | None = None) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -352,7 +364,12 @@ def plot_loss(metrics: list[dict], path: Path) -> None:
     FigureCanvasAgg(fig)
     ax_loss, ax_acc = fig.subplots(1, 2)
     steps = [m["step"] for m in metrics]
-    ax_loss.plot(steps, [m["loss"] for m in metrics])
+    ax_loss.plot(steps, [m["loss"] for m in metrics], label="training")
+    if heldout:  # train.keep_best: the held-out loss at each epoch's end
+        ax_loss.plot(
+            [r["step"] for r in heldout], [r["loss"] for r in heldout], "o-", label="held out"
+        )
+        ax_loss.legend()
     ax_loss.set(xlabel="step", ylabel="loss", title="TTT loss")
     for i in range(len(metrics[0]["acc"]) if metrics else 0):
         ax_acc.plot(steps, [m["acc"][i] for m in metrics], label=f"step {i}")
@@ -420,6 +437,8 @@ class Run:
     step: int
     start_step: int
     fingerprint: str
+    heldout: Any = None  # HiddenStatesData of the held-out samples, with train.keep_best
+    heldout_losses: list[dict] = field(default_factory=list)  # {"epoch", "step", "loss"}
     started: float = field(default_factory=time.time)
     step_seconds: float = 0.0  # in train_step (data, forward, backward, optimizer), this process
 
@@ -439,6 +458,14 @@ class Run:
     def plot_path(self) -> Path:
         return self.out_dir / "loss.png"
 
+    @property
+    def best_dir(self) -> Path:  # train.keep_best: the draft of the lowest held-out loss
+        return self.out_dir / "best"
+
+    @property
+    def best(self) -> dict | None:
+        return min(self.heldout_losses, key=lambda r: r["loss"], default=None)
+
 
 def _barrier(world: int) -> None:
     if world > 1:
@@ -453,9 +480,11 @@ def setup(
     aux_layer_ids: list[int],
     aux_layer_convention: str,
     resume: bool,
+    heldout: Any = None,
 ) -> Run:
     """Data, target head, vocab, draft, optimizer, schedule; restored from `state/` when it
-    exists and `resume` (the same vocab, weights, optimizer moments and step)."""
+    exists and `resume` (the same vocab, weights, optimizer moments and step). `heldout`: the
+    held-out windows train.keep_best measures at each epoch's end."""
     started = time.time()
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -489,6 +518,7 @@ def setup(
     else:
         if rank == 0:
             shutil.rmtree(state_dir, ignore_errors=True)
+            shutil.rmtree(out_dir / "best", ignore_errors=True)
             metrics_path.unlink(missing_ok=True)
         vocab = build_draft_vocab(data.token_counts(V), config.draft_vocab_size)
 
@@ -500,15 +530,17 @@ def setup(
             draft.lm_head.weight.copy_(head.lm_head[vocab.ids])
     draft.to(device)
     optimizer = make_optimizer(draft, config.optimizer, config.lr)
-    step = 0
+    step, heldout_losses = 0, []
     if resuming:
         meta, vocab = load_training_state(state_dir, draft, optimizer)
+        heldout_losses = meta.get("heldout_losses", [])
         if meta["data_fingerprint"] != fingerprint:
             raise ValueError(
                 f"{state_dir} was trained on other data or batch settings; delete it (or pass "
                 "resume=False) to start over"
             )
         step = meta["step"]
+        heldout_losses = [r for r in heldout_losses if r["step"] <= step]
         if rank == 0:
             kept = [m for m in read_metrics(metrics_path) if m["step"] <= step]
             metrics_path.write_text("".join(json.dumps(m) + "\n" for m in kept))
@@ -544,6 +576,8 @@ def setup(
         step=step,
         start_step=step,
         fingerprint=fingerprint,
+        heldout=heldout,
+        heldout_losses=heldout_losses,
         started=started,
     )
 
@@ -569,14 +603,15 @@ def length_groups(rows: list[int], lengths: list[int], max_padding: float) -> li
     return groups
 
 
-def micro_batches(run: Run, indices: list[int]) -> list[list[int]]:
+def micro_batches(run: Run, indices: list[int], data: Any = None) -> list[list[int]]:
     """This process's share of a global batch (rows rank, rank + world, ...), sorted by length,
     split into `grad_accumulation` pieces and each piece into runs of about one length
     (`length_groups`). The loss of every piece is divided by the whole batch's counts, so the
     step is the same however the rows are split; only the padding computed shrinks."""
-    share = sorted(indices[run.rank :: run.world], key=lambda j: run.data.windows[j][-1])
+    windows = (data or run.data).windows
+    share = sorted(indices[run.rank :: run.world], key=lambda j: windows[j][-1])
     size = max(1, math.ceil(len(share) / run.config.grad_accumulation))
-    lengths = {j: run.data.windows[j][-1] for j in share}
+    lengths = {j: windows[j][-1] for j in share}
     return [
         group
         for first in range(0, len(share), size)
@@ -602,19 +637,72 @@ def plan(run: Run) -> Iterator[list[int]]:
         yield from micro_batches(run, order[index])
 
 
-def _load_pieces(run: Run, indices: list[int]) -> list[dict[str, torch.Tensor]]:
-    """This process's micro-batches of a global batch, on the device, with the target's
-    in-vocab flags; an online source computes (or hands over prefetched) features here."""
+def _load_pieces(run: Run, indices: list[int], data: Any = None) -> list[dict[str, torch.Tensor]]:
+    """This process's micro-batches of a global batch of `data` (the training data unless
+    given), on the device, with the target's in-vocab flags; an online source computes (or
+    hands over prefetched) features here."""
+    data = data or run.data
     pieces = []
-    for chunk in micro_batches(run, indices):
-        if hasattr(run.data, "batch_items"):  # online: features from the target, now
-            items = run.data.batch_items(chunk)
+    for chunk in micro_batches(run, indices, data):
+        if hasattr(data, "batch_items"):  # online: features from the target, now
+            items = data.batch_items(chunk)
         else:
-            items = [run.data[j] for j in chunk]
+            items = [data[j] for j in chunk]
         batch = {k: v.to(run.device) for k, v in collate(items).items()}
         batch["in_vocab"] = target_in_vocab(batch["final_hidden_states"], run.lm_head, run.t2d)
         pieces.append(batch)
     return pieces
+
+
+def piece_loss(
+    run: Run, b: dict[str, torch.Tensor], denominators: list[int] | None
+) -> tuple[torch.Tensor, dict[str, list[float]]]:
+    """`ttt_loss` of one micro-batch `b` (from `_load_pieces`): the draft's unroll over it."""
+    c = run.config
+    probs = target_probs(b["final_hidden_states"], run.draft_lm_head)
+    with torch.autocast(
+        run.device.type, dtype=run.autocast or torch.bfloat16, enabled=run.autocast is not None
+    ):
+        hidden = run.draft.fuse(b["aux_hidden_states"])  # [B, T, H]
+        start = ttt_start(b["loss_mask"], c.ttt_length)
+        step_logits = ttt_unroll(run.draft, run.embed, b["input_ids"], hidden, c.ttt_length, start)
+    return ttt_loss(
+        step_logits,
+        probs,
+        b["in_vocab"],
+        b["loss_mask"],
+        b["lengths"],
+        c.ttt_step_weight,
+        denominators,
+        c.loss,
+        start,
+    )
+
+
+@torch.no_grad()
+def heldout_loss(run: Run) -> float:
+    """The training loss over the held-out windows (train.keep_best): per TTT step the summed
+    loss over all of them divided by their counted positions, weighted step_weight**i. Each
+    process takes rows rank, rank + world, ... of every batch; the sums add across processes."""
+    c, data = run.config, run.heldout
+    sums = torch.zeros(2, c.ttt_length, dtype=torch.float64, device=run.device)  # loss, count
+    run.draft.eval()
+    try:
+        for first in range(0, len(data), c.batch_size):
+            indices = list(range(first, min(first + c.batch_size, len(data))))
+            for b in _load_pieces(run, indices, data):
+                _, stats = piece_loss(run, b, None)
+                sums[0] += torch.tensor(stats["loss_sum"], dtype=torch.float64, device=run.device)
+                sums[1] += torch.tensor(stats["count"], dtype=torch.float64, device=run.device)
+    finally:
+        run.draft.train()
+    if run.world > 1:
+        dist.all_reduce(sums)
+    loss_sums, counts = sums.tolist()
+    return sum(
+        c.ttt_step_weight**i * s / max(n, 1)
+        for i, (s, n) in enumerate(zip(loss_sums, counts, strict=True))
+    )
 
 
 def train_step(run: Run, indices: list[int]) -> dict:
@@ -635,26 +723,7 @@ def train_step(run: Run, indices: list[int]) -> dict:
 
     run.optimizer.zero_grad(set_to_none=True)
     for b in pieces:
-        probs = target_probs(b["final_hidden_states"], run.draft_lm_head)
-        with torch.autocast(
-            run.device.type, dtype=run.autocast or torch.bfloat16, enabled=run.autocast is not None
-        ):
-            hidden = run.draft.fuse(b["aux_hidden_states"])  # [B, T, H]
-            start = ttt_start(b["loss_mask"], c.ttt_length)
-            step_logits = ttt_unroll(
-                run.draft, run.embed, b["input_ids"], hidden, c.ttt_length, start
-            )
-        loss, stats = ttt_loss(
-            step_logits,
-            probs,
-            b["in_vocab"],
-            b["loss_mask"],
-            b["lengths"],
-            c.ttt_step_weight,
-            denominators,
-            c.loss,
-            start,
-        )
+        loss, stats = piece_loss(run, b, denominators)
         loss.backward()
         sums[0] += torch.tensor(stats["loss_sum"], dtype=torch.float64, device=run.device)
         sums[1] += torch.tensor(stats["hits"], dtype=torch.float64, device=run.device)
@@ -731,6 +800,7 @@ def save(run: Run) -> None:
         "data_fingerprint": run.fingerprint,
         "settings": run.config.model_dump(),
         "world_size": run.world,
+        "heldout_losses": run.heldout_losses,
     }
     save_training_state(run.state_dir, run.draft, run.optimizer, run.vocab, meta)
     save_draft(run.draft, run.draft_dir, run.aux_layer_ids, run.aux_layer_convention)
@@ -772,17 +842,37 @@ def train_loop(run: Run, progress: Callable[[dict], None] | None = None) -> None
                 )
                 if progress is not None:
                     progress(record)
+        if run.heldout is not None and run.step % run.steps_per_epoch == 0:  # an epoch's end
+            keep_if_best(run)
         if run.step % (c.save_every or run.steps_per_epoch) == 0 or run.step == run.stop_at:
             save(run)
     if not (run.draft_dir / "model.safetensors").exists():
         save(run)
+    if run.heldout is not None and run.rank == 0 and (run.best_dir / "config.json").exists():
+        with atomic_folder(run.draft_dir) as tmp:  # the exported draft: the best epoch's
+            for f in run.best_dir.iterdir():
+                shutil.copyfile(f, tmp / f.name)
+
+
+def keep_if_best(run: Run) -> None:
+    """train.keep_best at an epoch's end: the held-out loss, and the draft in `best/` when it
+    is the lowest so far."""
+    loss = heldout_loss(run)
+    improved = run.best is None or loss < run.best["loss"]
+    run.heldout_losses.append(
+        {"epoch": run.step / run.steps_per_epoch, "step": run.step, "loss": loss}
+    )
+    if run.rank == 0:
+        log.info("held-out loss %.4f at step %d%s", loss, run.step, " (best)" if improved else "")
+        if improved:
+            save_draft(run.draft, run.best_dir, run.aux_layer_ids, run.aux_layer_convention)
 
 
 def summarize(run: Run) -> dict:
     """The run's figures for the stage manifest (plots the loss curve on rank 0)."""
     metrics = read_metrics(run.metrics_path) if run.rank == 0 else []
     if metrics:
-        plot_loss(metrics, run.plot_path)
+        plot_loss(metrics, run.plot_path, run.heldout_losses)
     return {
         "steps": run.step,
         "total_steps": run.total_steps,
@@ -805,6 +895,8 @@ def summarize(run: Run) -> dict:
         "precision": "bfloat16" if run.autocast is not None else "float32",
         "hidden_states": getattr(run.data, "mode", "offline"),
         "draft_dir": str(run.draft_dir),
+        "heldout_losses": run.heldout_losses,  # train.keep_best: per epoch's end
+        "best_epoch": run.best["epoch"] if run.best else None,  # the exported draft's
         "state_dir": str(run.state_dir),
         "metrics_path": str(run.metrics_path),
         "loss_plot": str(run.plot_path) if metrics else None,
@@ -829,10 +921,22 @@ def train_draft(
     default settings)."""
     if not isinstance(target, TargetConfig):
         target = TargetConfig(model=str(target))
-    data = hidden_states
+    data, heldout = hidden_states, None
     if isinstance(hidden_states, str | Path):
         data = HiddenStatesData(Path(hidden_states), exclude_sample_ids, config.max_seq_len)
-    run = setup(data, target, out_dir, config, aux_layer_ids, aux_layer_convention, resume)
+    if config.keep_best:
+        if not isinstance(hidden_states, str | Path):
+            raise ValueError("train.keep_best reads the held-out features from offline shards")
+        heldout = HiddenStatesData(
+            Path(hidden_states), max_seq_len=config.max_seq_len,
+            only_sample_ids=frozenset(exclude_sample_ids),
+        )  # fmt: skip
+        if len(heldout) == 0:
+            raise ValueError(
+                f"train.keep_best: no held-out samples in {hidden_states} (all {len(data)} "
+                "windows train); raise train.holdout_fraction"
+            )
+    run = setup(data, target, out_dir, config, aux_layer_ids, aux_layer_convention, resume, heldout)
     if hasattr(data, "start_prefetch"):  # a served online source streams features ahead
         data.start_prefetch(plan(run))
     try:
