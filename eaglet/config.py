@@ -333,6 +333,14 @@ class TrainConfig(_Strict):
         description="Fraction of samples (by sample_id hash) kept out of training for evaluation.",
     )
     seed: int = Field(0, description="Training seed.")
+    hidden_noise: float = Field(
+        0.0,
+        ge=0.0,
+        le=100.0,
+        description="Standard deviation of Gaussian noise added to every element of the aux "
+        "hidden states during training (never at evaluation), as EAGLE trains its drafts to "
+        "tolerate the target's numeric noise; 0 = none (speculators 0.9.0 adds none).",
+    )
     keep_best: bool = Field(
         False,
         description="At each epoch's end, measure the TTT loss on the held-out samples "

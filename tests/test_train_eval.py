@@ -326,6 +326,28 @@ def test_keep_best_resumes_with_the_losses_it_measured(world, tmp_path):
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
 
 
+def test_hidden_noise_changes_the_steps_and_resumes_exactly(world, tmp_path):
+    """train.hidden_noise: Gaussian noise on the aux states makes other steps than none (and
+    still trains); the noise comes from the saved RNG, so a resumed run equals one never
+    stopped."""
+    args = (world / "hs", world / "target")
+    kwargs = dict(
+        aux_layer_ids=AUX_IDS, aux_layer_convention=CONVENTION, exclude_sample_ids=HELD_OUT
+    )
+    quiet = train_draft(*args, tmp_path / "quiet", settings(epochs=2, log_every=2), **kwargs)
+    noisy_config = settings(epochs=2, log_every=2, hidden_noise=0.5)
+    noisy = train_draft(*args, tmp_path / "noisy", noisy_config, **kwargs)
+    assert noisy["final_loss"] != pytest.approx(quiet["final_loss"], rel=1e-4)
+    assert noisy["final_loss"] < 0.9 * noisy["initial_loss"]
+    part_config = settings(epochs=2, log_every=2, hidden_noise=0.5, max_steps=9)
+    train_draft(*args, tmp_path / "part", part_config, **kwargs)
+    train_draft(*args, tmp_path / "part", noisy_config, **kwargs)
+    a = load_file(str(tmp_path / "noisy" / "draft" / "model.safetensors"))
+    b = load_file(str(tmp_path / "part" / "draft" / "model.safetensors"))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
 def test_keep_best_needs_offline_shards_and_held_out_samples():
     with pytest.raises(ValueError, match="keep_best reads the held-out samples' features"):
         TrainConfig(keep_best=True, hidden_states="online")

@@ -663,7 +663,10 @@ def piece_loss(
     with torch.autocast(
         run.device.type, dtype=run.autocast or torch.bfloat16, enabled=run.autocast is not None
     ):
-        hidden = run.draft.fuse(b["aux_hidden_states"])  # [B, T, H]
+        aux = b["aux_hidden_states"]  # [B, T, 3H]
+        if c.hidden_noise and run.draft.training:  # train.hidden_noise; never when measuring
+            aux = aux + c.hidden_noise * torch.randn_like(aux)
+        hidden = run.draft.fuse(aux)  # [B, T, H]
         start = ttt_start(b["loss_mask"], c.ttt_length)
         step_logits = ttt_unroll(run.draft, run.embed, b["input_ids"], hidden, c.ttt_length, start)
     return ttt_loss(
