@@ -328,8 +328,9 @@ def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
                 "feature_bytes_stored",
                 "feature_bytes_saved",
                 "feature_bytes_saved_storage",
+                "best_epoch",  # train.keep_best: the exported draft's epoch
             )
-            if key in info
+            if info.get(key) is not None
         }
     evaluation: dict[str, Any] = {}
     if stages["evaluate"]["status"] == "complete":

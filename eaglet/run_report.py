@@ -195,8 +195,12 @@ def training_line(info: dict[str, Any]) -> str:
     if info.get("hidden_states_mode") == "online":
         saved = info.get("feature_bytes_saved", 0)
         storage = info.get("feature_bytes_saved_storage", "?")
-        return f"online hidden states, 0 B stored ({human(saved)} of {storage} shards saved)"
-    return f"offline hidden states, {human(info.get('feature_bytes_stored', 0))} of shards"
+        line = f"online hidden states, 0 B stored ({human(saved)} of {storage} shards saved)"
+    else:
+        line = f"offline hidden states, {human(info.get('feature_bytes_stored', 0))} of shards"
+    if info.get("best_epoch") is not None:  # train.keep_best
+        line += f"; draft of epoch {info['best_epoch']:g} (lowest held-out loss)"
+    return line
 
 
 def key_figures(stage: str, manifest: dict[str, Any]) -> str:

@@ -182,6 +182,10 @@ def test_describe_partial_counts_records_and_lists_files(tmp_path):
 def test_offline_training_line_names_the_shards_it_read():
     info = {"hidden_states_mode": "offline", "feature_bytes_stored": 5 << 30}
     assert training_line(info) == "offline hidden states, 5.0 GiB of shards"
+    kept = info | {"best_epoch": 6.0}  # train.keep_best exported an earlier epoch
+    assert training_line(kept) == (
+        "offline hidden states, 5.0 GiB of shards; draft of epoch 6 (lowest held-out loss)"
+    )
 
 
 def test_a_new_run_clears_the_run_json_temporary_a_killed_writer_left(tmp_path):
