@@ -533,14 +533,13 @@ def setup(
     step, heldout_losses = 0, []
     if resuming:
         meta, vocab = load_training_state(state_dir, draft, optimizer)
-        heldout_losses = meta.get("heldout_losses", [])
         if meta["data_fingerprint"] != fingerprint:
             raise ValueError(
                 f"{state_dir} was trained on other data or batch settings; delete it (or pass "
                 "resume=False) to start over"
             )
         step = meta["step"]
-        heldout_losses = [r for r in heldout_losses if r["step"] <= step]
+        heldout_losses = [r for r in meta.get("heldout_losses", []) if r["step"] <= step]
         if rank == 0:
             kept = [m for m in read_metrics(metrics_path) if m["step"] <= step]
             metrics_path.write_text("".join(json.dumps(m) + "\n" for m in kept))
@@ -608,7 +607,7 @@ def micro_batches(run: Run, indices: list[int], data: Any = None) -> list[list[i
     split into `grad_accumulation` pieces and each piece into runs of about one length
     (`length_groups`). The loss of every piece is divided by the whole batch's counts, so the
     step is the same however the rows are split; only the padding computed shrinks."""
-    windows = (data or run.data).windows
+    windows = (run.data if data is None else data).windows
     share = sorted(indices[run.rank :: run.world], key=lambda j: windows[j][-1])
     size = max(1, math.ceil(len(share) / run.config.grad_accumulation))
     lengths = {j: windows[j][-1] for j in share}
@@ -641,7 +640,7 @@ def _load_pieces(run: Run, indices: list[int], data: Any = None) -> list[dict[st
     """This process's micro-batches of a global batch of `data` (the training data unless
     given), on the device, with the target's in-vocab flags; an online source computes (or
     hands over prefetched) features here."""
-    data = data or run.data
+    data = run.data if data is None else data  # not `or`: an empty dataset is falsy
     pieces = []
     for chunk in micro_batches(run, indices, data):
         if hasattr(data, "batch_items"):  # online: features from the target, now
