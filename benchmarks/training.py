@@ -13,8 +13,12 @@ spec-decode counters with --served).
    same layer ids; otherwise each trainer at its own defaults. speculators runs in its own venv
    through benchmarks/speculators_train.py (CPU shims there) at --total-seq-len 1024, its
    fastest on CPU (its default 8192 is about 4x slower here with sdpa).
-4. τ at k = 3 on held-out prompts the samples never used: eaglet's evaluator for every draft it
-   can read, and with --served vLLM CPU (.vllm-venv) serving each draft as its eagle3 model.
+4. τ at k = 3 on 200 held-out prompts the samples never used: eaglet's evaluator for every
+   draft it can read, and with --served vLLM CPU (.vllm-venv) serving each draft as its eagle3
+   model. Each also gives the emitted τ: output tokens per verification round. vLLM's τ also
+   counts drafts accepted past a request's stop token, which add nothing to the output; a
+   trainer that supervises the position after the last answer token (speculators 0.9.0 masks
+   the loss by the input token, not the predicted one) gains τ there, not speed.
 
     python benchmarks/training.py [--samples 2000] [--epochs 2] [--threads 2] [--served]
         [--work-dir DIR] [--eaglet defaults --eaglet lm_head_init=random,norm_output=true ...]
@@ -215,15 +219,17 @@ def draft_vocab(draft_dir: str) -> dict[str, torch.Tensor]:
 # ------------------------------------------------------------------------------------- τ
 
 
-def offline_tau(draft_dir: str, target: TargetConfig, prompts, max_new_tokens: int) -> float | None:
+def offline_tau(draft_dir: str, target: TargetConfig, prompts, max_new_tokens: int) -> dict:
+    """tau and emitted tau (no credit past the stop) from eaglet's evaluator; {} for a draft
+    it cannot read."""
     try:
         report = evaluate_draft(
             Path(draft_dir), target, prompts, K, max_new_tokens, untrained_seed=None
         )
     except (KeyError, RuntimeError, ValueError) as error:  # a layout eaglet cannot read
         print(f"eaglet's evaluator cannot read {draft_dir}: {error}")
-        return None
-    return report["tau"]
+        return {}
+    return report
 
 
 def served_tau(args, target: TargetConfig, draft_dir: str, prompts, stop_ids, log: Path) -> dict:
@@ -246,7 +252,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--aux-layer-ids", type=int, nargs=3, default=[2, 4, 5])
-    parser.add_argument("--eval-prompts", type=int, default=24)
+    # 200: on 24 prompts (the earlier default) the served tau of four drafts of one run was up
+    # to 0.15 off their tau on 200, and ranked them otherwise
+    parser.add_argument("--eval-prompts", type=int, default=200)
     parser.add_argument("--max-eval-tokens", type=int, default=128)
     parser.add_argument("--work-dir", default=None, help="kept; samples and states are reused")
     parser.add_argument("--served", action="store_true", help="τ in vLLM CPU too")
@@ -307,9 +315,10 @@ def main() -> None:
     ]
     for result in results:
         if "tau_eaglet_evaluator" not in result:  # a reused row keeps its measurements
-            result["tau_eaglet_evaluator"] = offline_tau(
-                result["draft_dir"], target, prompts, args.max_eval_tokens
-            )
+            report = offline_tau(result["draft_dir"], target, prompts, args.max_eval_tokens)
+            result["tau_eaglet_evaluator"] = report.get("tau")
+            result["emitted_tau_eaglet_evaluator"] = report.get("emitted_tau")
+            result["eaglet_evaluator_per_position"] = report.get("per_position_acceptance")
     if args.served:
         stop_ids = default_eos_ids(load_target(target))
         for result in results:
@@ -320,16 +329,21 @@ def main() -> None:
                 work / f"vllm-{result['trainer'].replace(' ', '-')}.log",
             )  # fmt: skip
             result["tau_vllm"] = served["tau"]
+            result["emitted_tau_vllm"] = served["emitted_tau"]
             result["vllm_per_position"] = served["per_position_acceptance"]
 
     results_path = work / f"results-{int(time.time())}.json"
     results_path.write_text(json.dumps(results, indent=2) + "\n")
     print()
-    row("trainer", "train s", "tokens", "train tok/s", "tau (eaglet)", "tau (vLLM)")
+    row(
+        "trainer", "train s", "tokens", "train tok/s", "tau (eaglet)", "emitted",
+        "tau (vLLM)", "emitted",
+    )  # fmt: skip
     for r in results:
         row(
             r["trainer"], r["train_s"], r["tokens"], r["tokens_per_s"],
-            r["tau_eaglet_evaluator"], r.get("tau_vllm"),
+            r["tau_eaglet_evaluator"], r.get("emitted_tau_eaglet_evaluator"),
+            r.get("tau_vllm"), r.get("emitted_tau_vllm"),
         )  # fmt: skip
     theirs = [r for r in results if r["trainer"] == "speculators"]
     if theirs:
@@ -339,6 +353,8 @@ def main() -> None:
         print(f"train seconds eaglet / speculators: {ours['train_s'] / theirs['train_s']:.2f}")
         if args.served:
             print(f"vLLM tau eaglet - speculators: {ours['tau_vllm'] - theirs['tau_vllm']:+.3f}")
+            emitted = ours["emitted_tau_vllm"] - theirs["emitted_tau_vllm"]
+            print(f"vLLM emitted tau eaglet - speculators: {emitted:+.3f}")
     print(f"results: {results_path}")
 
 

@@ -338,6 +338,7 @@ def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
         evaluation = {
             "tau": report["tau"],
             "untrained_tau": report["untrained_tau"],
+            **({"emitted_tau": report["emitted_tau"]} if "emitted_tau" in report else {}),
             "prompts": report["prompts"],
             "per_position_acceptance": report["draft"].get("per_position_acceptance", []),
         }
@@ -424,6 +425,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(
             f"evaluation: tau {e['tau']:.3f} (untrained {e['untrained_tau']:.3f}) "
             f"on {e['prompts']} held-out prompts"
+            + (f", {e['emitted_tau']:.3f} output tokens per round" if "emitted_tau" in e else "")
         )
     return 0
 

@@ -43,8 +43,9 @@ def evaluate(config: PipelineConfig, draft: dict, prompts: dict, refresh: bool =
         trained, baseline = report["draft"], report["untrained"]
         served = report.get("served")
         line = (
-            f"acceptance length tau {trained['tau']:.3f} (untrained draft {baseline['tau']:.3f}) "
-            f"on {len(heldout)} held-out prompts, k = {settings.num_speculative_tokens}"
+            f"acceptance length tau {trained['tau']:.3f} (untrained draft {baseline['tau']:.3f}; "
+            f"{trained['emitted_tau']:.3f} output tokens per round) on {len(heldout)} held-out "
+            f"prompts, k = {settings.num_speculative_tokens}"
         )
         if served is not None:
             line += f"; served by vLLM: tau {served['tau']:.3f} (gap {report['serving_gap']:.3f})"
@@ -66,6 +67,7 @@ def evaluate(config: PipelineConfig, draft: dict, prompts: dict, refresh: bool =
             counts={"records": len(heldout)},
             info={
                 "tau": trained["tau"],
+                "emitted_tau": trained["emitted_tau"],
                 "untrained_tau": baseline["tau"],
                 **({"served_tau": served["tau"]} if served is not None else {}),
             },

@@ -39,6 +39,41 @@ def test_kv_cache_path_equals_full_recompute(trained, world):
     assert max(rounds_seen) >= 3 and min(rounds_seen) < 3
 
 
+def test_no_round_runs_once_the_targets_own_token_stops_the_output(trained, world):
+    """vLLM runs no verification round after the token that ends a request (a stop token, or
+    the max_tokens-th token), even when the target chose it alone: the evaluator neither."""
+    draft, _ = load_draft(world / "run" / "draft")
+    target = load_target(world / "target", device="cpu")
+    embed = target.get_input_embeddings().weight
+    for prompt in random_prompts(3, seed=5):
+        plain = greedy_generate(target, prompt, 12, set())
+        args = (target, draft, embed, prompt, 3)
+        # the target's first token is the stop: the prefill emits it, no round follows
+        assert speculative_generate(*args, 12, {plain[0]}, AUX_IDS) == ([plain[0]], [])
+        # one token asked for: the prefill's
+        assert speculative_generate(*args, 1, set(), AUX_IDS) == ([plain[0]], [])
+        # a stop that is some round's bonus token (the target's, not a draft's) ends the output
+        # there: no round after it, so every round but the last emits its n + 1 tokens
+        stop = plain[5]
+        out, rounds = speculative_generate(*args, 12, {stop}, AUX_IDS)
+        assert out == plain[: plain.index(stop) + 1]
+        assert sum(n + 1 for n in rounds[:-1]) < len(out) - 1 <= sum(n + 1 for n in rounds)
+
+
+def test_emitted_tau_leaves_out_the_drafts_accepted_past_the_stop(trained, world):
+    """tau credits a last round's drafts past the stop, as vLLM's counters do; emitted_tau is
+    the output tokens per round (the prefill's first token apart)."""
+    prompts = random_prompts(4, seed=99)
+    report = evaluate_draft(
+        world / "run" / "draft", world / "target", prompts, num_speculative_tokens=4,
+        max_new_tokens=10, untrained_seed=None, device="cpu",
+    )  # fmt: skip
+    assert report["new_tokens"] == 4 * 10
+    assert report["emitted_tau"] == pytest.approx((4 * 10 - 4) / report["num_rounds"])
+    # the 10th token cuts the last round of each prompt short: tau counts its whole n + 1
+    assert report["emitted_tau"] < report["tau"]
+
+
 def test_pipeline_draft_evaluates_from_its_folder_alone_in_every_export(trained, world):
     """No layer ids passed: they come from each export's config and its convention label."""
     draft_dir = world / "run" / "draft"

@@ -32,6 +32,7 @@ def test_demo_runs_every_stage_then_reruns_fully_cached(tmp_path, fixture_model_
     report = inspect_work_dir(work_dir)
     tau, untrained = report["evaluation"]["tau"], report["evaluation"]["untrained_tau"]
     assert tau > untrained + 0.5, (tau, untrained)
+    assert 1 < report["evaluation"]["emitted_tau"] <= tau  # no credit past the stop
     draft_dir = Path(report["stages"]["train"]["path"]) / "draft"
     assert (draft_dir / "config.json").exists() and (draft_dir / "model.safetensors").exists()
 

@@ -114,6 +114,10 @@ def test_evaluate_stage_reports_served_tau_beside_offline_tau(run):
     assert served["tau"] > 1.2 and served["tau"] - 1 > 5 * (report["untrained_tau"] - 1)
     assert report["serving_gap"] == pytest.approx(abs(served["tau"] - report["tau"]))
     assert report["serving_gap"] <= 0.1  # greedy, float32 on both sides
+    # the same output tokens per round: vLLM runs the rounds the offline evaluation runs
+    assert served["new_tokens"] == report["draft"]["new_tokens"]
+    assert served["emitted_tau"] == pytest.approx(report["emitted_tau"], abs=0.1)
+    assert served["emitted_tau"] <= served["tau"]
     assert len(served["per_position_acceptance"]) == K
     assert served["per_position_acceptance"][0] >= served["per_position_acceptance"][-1]
 

@@ -9,8 +9,10 @@ and its greedy next token x_L; the draft runs step 0 over every index (feeding x
 last) and k-1 more steps at the last index with its own hidden state and its own tokens - the
 same `Eagle3Draft.forward` that training unrolls; the target checks the k drafted tokens greedily
 and the round emits x_L plus the n accepted ones. tau = mean over rounds of n + 1, which is vLLM's
-1 + accepted / drafts. Speculation must reproduce plain greedy decoding; `outputs_match_greedy`
-records that it did.
+1 + accepted / drafts; like vLLM it credits drafts accepted past the stop token in a request's
+last round, and runs no round once the target's own token is the stop. `emitted_tau` is the
+output tokens per round, which speed follows (the same figure served: `serving.emitted_tau`).
+Speculation must reproduce plain greedy decoding; `outputs_match_greedy` records that it did.
 
 With `use_cache` (the default) both models keep a KV cache: the target reads only the k + 1
 tokens of a round (its cache cropped back to the accepted prefix afterwards) and the draft
@@ -33,7 +35,7 @@ from eaglet.config import EvaluateConfig, TargetConfig
 from eaglet.draft.checkpoint import aux_layer_ids as draft_aux_layer_ids
 from eaglet.draft.checkpoint import config_from_json, load_draft
 from eaglet.draft.model import Eagle3Draft, KVCache, ttt_attention_mask
-from eaglet.draft.serving import check_gap, measure_served
+from eaglet.draft.serving import check_gap, emitted_tau, measure_served
 from eaglet.storage import write_json_atomic
 from eaglet.target import load_model
 
@@ -203,14 +205,17 @@ def speculative_generate(
 ) -> tuple[list[int], list[int]]:
     """Greedy chain speculation; returns (new tokens, accepted count n of every round).
 
-    n is what the target accepted, also in a last round cut short by eos or max_new_tokens (as
-    vLLM counts it), so tau may credit a few tokens past the stop."""
+    The rounds are the ones vLLM runs: the target's token after the prompt, and each round's
+    bonus token, count as emitted as soon as the target chose them, so no round is run once one
+    of them is a stop token or reaches max_new_tokens. n is what the target accepted, also in a
+    last round cut short by eos or max_new_tokens (as vLLM counts it), so tau may credit a few
+    tokens past the stop; `emitted_tau` (see `_evaluate`) does not."""
     runner = TargetRunner(target, aux_layer_ids, use_cache)
     drafter = Drafter(draft, embed, use_cache)
     seq, new, accepted = list(prompt), [], []
     greedy, aux = runner.extend(seq)
-    next_token = int(greedy[-1])
-    while len(new) < max_new_tokens:
+    next_token = int(greedy[-1])  # emitted already, in vLLM's count: len(new) + 1 tokens out
+    while next_token not in eos and len(new) + 1 < max_new_tokens:
         drafts = drafter.propose(seq, aux, next_token, k)
         greedy, aux_new = runner.extend([next_token] + drafts)
         n = 0  # greedy[j]: the target's token after next_token, d_1..d_j
@@ -226,6 +231,7 @@ def speculative_generate(
         runner.truncate(len(seq))
         aux = torch.cat([aux, aux_new[: n + 1]])  # causal: valid for the accepted prefix
         next_token = int(greedy[n])
+    new.append(next_token)  # the last bonus token (or the first token, when it stops alone)
     return new, accepted
 
 
@@ -265,6 +271,7 @@ def _evaluate(
     reached = [sum(n >= j for n in rounds) for j in range(k + 1)]  # reached[0] = rounds
     return {
         "tau": 1 + sum(rounds) / max(len(rounds), 1),
+        "emitted_tau": emitted_tau(new_tokens, len(prompts), len(rounds)),
         "num_speculative_tokens": k,
         "num_prompts": len(prompts),
         "num_rounds": len(rounds),
@@ -403,6 +410,7 @@ def evaluation_report(
         "untrained": baseline,
         "prompts": len(prompts),
         "tau": trained["tau"],
+        "emitted_tau": trained["emitted_tau"],
         "tau_by_k": trained["tau_by_k"],
         "untrained_tau": baseline["tau"],
     }

@@ -4,8 +4,10 @@ Owns the command of a vLLM server for the target with the draft as its `eagle3` 
 model (started and stopped by `eaglet.vllm_server`),
 reading the spec-decode counters of `GET /metrics` (`read_counters`), and `served_acceptance`:
 send the held-out prompts as token ids (greedy, the evaluation's max_new_tokens and end tokens),
-read the counters before and after, and turn the deltas into tau = 1 + accepted / drafts and the
-acceptance per draft position. vLLM's k is a server setting (`num_speculative_tokens` of
+read the counters before and after, and turn the deltas into tau = 1 + accepted / drafts, the
+acceptance per draft position and `emitted_tau` (output tokens per round, from the responses'
+token counts: tau without the drafts accepted past a request's stop). vLLM's k is a server
+setting (`num_speculative_tokens` of
 `--speculative-config`); the deltas say which k the server ran (draft tokens / drafts), and a
 server running another k than the offline evaluation is an error, since tau is only comparable
 at the same k. Counters are server-wide: on a shared endpoint, other traffic during the
@@ -70,6 +72,14 @@ class SpecDecodeCounters:
     @property
     def tau(self) -> float:
         return 1.0 + self.accepted / self.drafts if self.drafts else float("nan")
+
+
+def emitted_tau(new_tokens: int, num_prompts: int, num_rounds: int) -> float:
+    """Tokens a verification round adds to the output, on average: every output token but each
+    prompt's first (the prefill's) over the rounds. tau (1 + accepted / rounds, vLLM's count)
+    also credits the drafts accepted past the stop in a request's last round, which add nothing
+    to the output; this figure, which speed follows, does not."""
+    return (new_tokens - num_prompts) / num_rounds if num_rounds else float("nan")
 
 
 def parse_counters(metrics_text: str) -> SpecDecodeCounters | None:
@@ -165,6 +175,7 @@ def served_acceptance(
         "draft_tokens": int(delta.draft_tokens),
         "accepted_tokens": int(delta.accepted),
         "new_tokens": new_tokens,
+        "emitted_tau": emitted_tau(new_tokens, len(prompts), int(delta.drafts)),
         "acceptance_rate": delta.accepted / delta.draft_tokens if delta.draft_tokens else 0.0,
         # accepted at draft position j (1-based) over all drafts, as the offline report says it
         "per_position_acceptance": [
