@@ -374,6 +374,13 @@ class TrainConfig(_Strict):
     warmup_steps: int = Field(
         10, ge=0, le=1_000_000, description="Optimizer steps of linear learning-rate warmup."
     )
+    lr_floor: float = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description="After warmup the learning rate follows a cosine from the peak down to "
+        "lr_floor x the peak at the last step.",
+    )
     grad_clip: float = Field(
         1.0, gt=0.0, le=1e6, description="Maximum global gradient norm per optimizer step."
     )

@@ -425,3 +425,22 @@ def test_lm_head_init_target_starts_the_draft_from_the_targets_rows(world, tmp_p
         run = setup(data, target, tmp_path / init, config, AUX_IDS, CONVENTION, resume=False)
         rows = target_lm_head[run.vocab.ids]  # [Vd, H]
         assert torch.equal(run.draft.lm_head.weight.detach(), rows) == (init == "target")
+
+
+def test_the_learning_rate_falls_from_the_peak_to_lr_floor_times_it(world, tmp_path):
+    """After warmup, a cosine from train.lr to train.lr_floor x train.lr at the last step."""
+    data = HiddenStatesData(world / "hs", set(), 1024)
+    target = TargetConfig(model=str(world / "target"))
+    for floor in (0.0, 0.1):
+        config = settings(epochs=2, lr_floor=floor)
+        run = setup(data, target, tmp_path / str(floor), config, AUX_IDS, CONVENTION, False)
+        lrs = []
+        for _ in range(run.total_steps):
+            lrs.append(run.schedule.get_last_lr()[0])
+            run.optimizer.step()
+            run.schedule.step()
+        lrs.append(run.schedule.get_last_lr()[0])  # what a step after the last would take
+        warmup = config.warmup_steps
+        assert lrs[warmup - 1] == pytest.approx(config.lr)
+        assert all(a >= b for a, b in zip(lrs[warmup:], lrs[warmup + 1 :], strict=False))
+        assert lrs[-1] == pytest.approx(floor * config.lr, abs=1e-12)

@@ -547,7 +547,9 @@ def setup(
     for group in optimizer.param_groups:  # the schedule scales the configured peak
         group["lr"] = config.lr
         group.pop("initial_lr", None)
-    schedule = warmup_cosine(optimizer, config.warmup_steps, total_steps, start_step=step)
+    schedule = warmup_cosine(
+        optimizer, config.warmup_steps, total_steps, start_step=step, floor=config.lr_floor
+    )
     log.info("draft vocab %d ids, coverage %.4f", vocab.size, vocab.coverage)
 
     embed, lm_head = head.embed.to(device), head.lm_head.to(device)
