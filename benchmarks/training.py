@@ -23,6 +23,7 @@ spec-decode counters with --served).
     python benchmarks/training.py [--samples 2000] [--epochs 2] [--threads 2] [--served]
         [--work-dir DIR] [--eaglet defaults --eaglet lm_head_init=random,norm_output=true ...]
         [--skip-speculators | --speculators-from DIR/results-T.json]
+    python benchmarks/training.py --work-dir DIR --measure-again DIR/results-T.json [--served]
 
 Run it alone: on two shared cores torch's threads thrash beside another job. Numbers move with
 the machine's load; each ratio is measured in one run.
@@ -64,6 +65,10 @@ from eaglet.split import heldout_ids  # noqa: E402
 from eaglet.target import load_config, load_tokenizer  # noqa: E402
 
 K = 3  # the draft chain length both drafts are measured at (the comparison)
+MEASURED = {  # a row's evaluation figures (--measure-again takes them again)
+    "tau_eaglet_evaluator", "emitted_tau_eaglet_evaluator", "eaglet_evaluator_per_position",
+    "tau_vllm", "emitted_tau_vllm", "vllm_per_position",
+}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------- the data
@@ -268,6 +273,11 @@ def main() -> None:
         "--speculators-from", default=None, metavar="RESULTS_JSON",
         help="reuse the speculators row of an earlier run's results.json (same work dir)",
     )  # fmt: skip
+    parser.add_argument(
+        "--measure-again", default=None, metavar="RESULTS_JSON",
+        help="train nothing: measure tau again for every row of an earlier run's results.json "
+        "(same work dir) at this run's evaluation settings, keeping its training figures",
+    )  # fmt: skip
     parser.add_argument("--vllm-python", default=str(ROOT / ".vllm-venv" / "bin" / "python"))
     parser.add_argument("--speculators-python", default=str(ROOT / ".spec-venv" / "bin" / "python"))
     parser.add_argument(
@@ -287,7 +297,10 @@ def main() -> None:
     print(f"{len(examples)} samples, {tokens} tokens")
 
     results = []
-    for spec in args.eaglet or ["defaults"]:
+    if args.measure_again:
+        for earlier in json.loads(Path(args.measure_again).read_text()):
+            results.append({k: v for k, v in earlier.items() if k not in MEASURED})
+    for spec in args.eaglet or ([] if args.measure_again else ["defaults"]):
         train = TrainConfig(
             **{"epochs": args.epochs, "threads": args.threads, "device": "cpu"}
             | eaglet_settings(spec)
@@ -300,7 +313,9 @@ def main() -> None:
         )
         label = spec.replace("=", "-").replace(",", "+")
         results.append(train_eaglet(config, work, examples_path, label))
-    if args.speculators_from:
+    if args.measure_again:
+        pass  # its speculators row, if it had one, is in results
+    elif args.speculators_from:
         earlier = json.loads(Path(args.speculators_from).read_text())
         results += [r for r in earlier if r["trainer"] == "speculators"]
     elif not args.skip_speculators:
