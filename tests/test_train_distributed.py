@@ -98,3 +98,28 @@ def test_torchrun_run_resumes_from_its_checkpoint(world):
         b = load_file(str(out / "draft" / "model.safetensors"))
         for name in a:
             torch.testing.assert_close(a[name], b[name], rtol=1e-3, atol=1e-4, msg=name)
+
+
+def test_keep_best_under_torchrun_measures_and_keeps_what_one_process_does(world):
+    """train.keep_best with two processes: the held-out loss at each epoch's end is summed
+    across both and equals one process's (9 held-out samples: the last held-out batch has one
+    row, and the second process none of it), and the draft exported is the same best epoch's."""
+    held_out = frozenset(f"s{i}" for i in range(9))  # 23 training samples: 3 steps an epoch
+    settings = dict(epochs=3, keep_best=True)
+
+    def keep_best_job(out):
+        spec = job(world, out, **settings)
+        return spec | {"exclude_sample_ids": sorted(held_out)}
+
+    single = run_job(keep_best_job(world / "best-one"))
+    double = launch(keep_best_job(world / "best-two"), 2, log_line=lambda _: None)
+    assert double["world_size"] == 2 and single["steps"] == double["steps"] == 9
+    one, two = single["heldout_losses"], double["heldout_losses"]
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [3, 6, 9]
+    assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=1e-5)
+    assert one[-1]["loss"] < one[0]["loss"]  # it trains, so equal losses mean something
+    assert double["best_epoch"] == single["best_epoch"]
+    a = load_file(str(world / "best-one" / "draft" / "model.safetensors"))
+    b = load_file(str(world / "best-two" / "draft" / "model.safetensors"))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-3, atol=1e-4, msg=name)
