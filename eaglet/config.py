@@ -7,7 +7,6 @@ that names the key instead of a silently ignored setting.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +21,7 @@ from pydantic import (
 )
 
 from eaglet.errors import PermanentError
+from eaglet.local_paths import absolute, is_hub_dataset, is_hub_id
 
 STAGES = ("download", "tokenize", "generate", "extract", "hidden_states", "train", "evaluate")
 Stage = Literal["download", "tokenize", "generate", "extract", "hidden_states", "train", "evaluate"]
@@ -634,43 +634,26 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-# Dataset files eaglet reads itself; any other dataset path may be a hub id.
-_LOCAL_DATASET_SUFFIXES = (".json", ".jsonl", ".parquet")
-
-
-def _absolute(value: str, base: Path, only_if_exists: bool) -> str:
-    path = Path(value).expanduser()
-    if path.is_absolute():
-        return str(path)
-    candidate = Path(os.path.normpath(base / path))
-    if only_if_exists and not candidate.exists():
-        return value  # a hub id (or a path that is not there: its stage says so)
-    return str(candidate)
-
-
 def resolve_paths(config: PipelineConfig, base: str | Path) -> PipelineConfig:
     """The config with its relative local paths made absolute against `base` (the folder of
-    the config file they were written in): `work_dir`, `hidden_states.connector_path`, a
-    dataset `path` that ends in .json/.jsonl/.parquet or exists there, and a `target.model`
-    folder that exists there (otherwise it is a hub id and stays as it is)."""
+    the config file they were written in): `work_dir`, `hidden_states.connector_path`, and a
+    `target.model` or dataset `path` unless it is a hub id (eaglet/local_paths.py: the one
+    rule; a local folder that does not exist yet is still local)."""
     base = Path(base).expanduser().absolute()
-    updates: dict[str, Any] = {"work_dir": _absolute(config.work_dir, base, False)}
+    updates: dict[str, Any] = {"work_dir": absolute(config.work_dir, base, hub_id=False)}
     target = config.target
-    updates["target"] = target.model_copy(update={"model": _absolute(target.model, base, True)})
+    model = absolute(target.model, base, hub_id=is_hub_id(target.model, base))
+    updates["target"] = target.model_copy(update={"model": model})
     updates["datasets"] = [
         spec.model_copy(
-            update={
-                "path": _absolute(
-                    spec.path, base, not spec.path.lower().endswith(_LOCAL_DATASET_SUFFIXES)
-                )
-            }
+            update={"path": absolute(spec.path, base, hub_id=is_hub_dataset(spec.path, base))}
         )
         for spec in config.datasets
     ]
     connector = getattr(config.hidden_states, "connector_path", None)
     if connector:
         updates["hidden_states"] = config.hidden_states.model_copy(
-            update={"connector_path": _absolute(connector, base, False)}
+            update={"connector_path": absolute(connector, base, hub_id=False)}
         )
     return config.model_copy(update=updates)
 

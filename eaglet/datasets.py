@@ -25,6 +25,7 @@ from typing import Any
 
 from eaglet.config import DatasetSpec
 from eaglet.errors import PermanentError
+from eaglet.local_paths import UNSUPPORTED_DATASET_SUFFIXES, is_hub_dataset
 from eaglet.records.io import record_line
 from eaglet.records.samples import Sample
 from eaglet.storage import canonical_json
@@ -56,12 +57,6 @@ class RowSkipped(DatasetError):
     def __init__(self, where: str, kind: str, why: str) -> None:
         super().__init__(f"{where}: {why}")
         self.where, self.kind, self.why = where, kind, why
-
-
-# File types people try that eaglet does not read: an error, not a hub lookup.
-UNSUPPORTED_SUFFIXES = {".csv", ".tsv", ".txt", ".xlsx", ".xls", ".arrow", ".gz", ".zip"}
-UNSUPPORTED_SUFFIXES |= {".tar", ".yaml", ".yml", ".md", ".html", ".xml", ".pkl", ".pickle"}
-LOCAL_SUFFIXES = {".json", ".jsonl", ".parquet"}
 
 
 @dataclass
@@ -305,11 +300,6 @@ def _hub_rows(spec: DatasetSpec) -> Iterator[tuple[str, dict[str, Any]]]:
         yield f"{spec.path}[{spec.split}] row {index}", _drop_nulls(row)
 
 
-def _is_local(path: Path) -> bool:
-    suffix = path.suffix.lower()
-    return suffix in LOCAL_SUFFIXES or suffix in UNSUPPORTED_SUFFIXES or path.exists()
-
-
 def read_samples(spec: DatasetSpec, report: ReadReport | None = None) -> Iterator[Sample]:
     """Yield the dataset's rows as samples, up to `spec.limit` rows, in file order.
 
@@ -318,8 +308,8 @@ def read_samples(spec: DatasetSpec, report: ReadReport | None = None) -> Iterato
     is a `DatasetError` naming it."""
     report = report if report is not None else ReadReport()
     path = Path(spec.path)
-    local = _is_local(path)
-    if local and path.suffix.lower() in UNSUPPORTED_SUFFIXES:
+    local = not is_hub_dataset(spec.path)
+    if local and path.suffix.lower() in UNSUPPORTED_DATASET_SUFFIXES:
         raise DatasetError(
             f"{path}: unsupported file type {path.suffix!r} (source {spec.source!r}; "
             "use .json, .jsonl or .parquet)"

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import struct
 from dataclasses import dataclass, field
@@ -36,11 +35,8 @@ from typing import Any
 
 from eaglet.config import PipelineConfig
 from eaglet.errors import PermanentError
+from eaglet.local_paths import is_hub_dataset, is_hub_id
 
-LOCAL_DATA_SUFFIXES = (".json", ".jsonl", ".parquet")
-# "org/name" or "name": what a hub model id looks like (a local path has more parts, or
-# starts with ., / or ~).
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 PROBE = [{"role": "user", "content": "What is 2 + 2?"}]
 MIN_FREE_BYTES = 1 << 30
 HUB_TIMEOUT_S = 10.0
@@ -87,15 +83,7 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def looks_like_hub_id(model: str) -> bool:
-    return bool(HUB_ID.match(model)) and not Path(model).exists()
-
-
 # --- datasets and work dir -----------------------------------------------------------------
-
-
-def _is_local_dataset(path: str) -> bool:
-    return path.lower().endswith(LOCAL_DATA_SUFFIXES) or Path(path).exists()
 
 
 def count_rows(path: Path) -> int | None:
@@ -122,7 +110,7 @@ def check_datasets(config: PipelineConfig, report: PreflightReport) -> list[int 
     rows: list[int | None] = []
     for i, spec in enumerate(config.datasets):
         key = f"datasets[{i}] (source {spec.source!r})"
-        if not _is_local_dataset(spec.path):
+        if is_hub_dataset(spec.path):
             report.passed.append(f"{key}: hub dataset {spec.path} (read by the download stage)")
             rows.append(spec.limit)
             continue
@@ -307,7 +295,7 @@ def load_target(config: PipelineConfig, report: PreflightReport) -> None:
             )
         else:
             check_weights(path, report)
-    elif not looks_like_hub_id(model):
+    elif not is_hub_id(model):
         report.problems.append(
             f"target.model: folder {model} not found (resolved: {path.resolve()}): build or "
             "download the model there, or fix target.model"

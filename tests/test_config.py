@@ -113,3 +113,54 @@ def test_hub_model_id_is_kept_as_it_is(tmp_path):
 def test_a_source_tag_that_could_name_a_path_is_rejected(source):
     with pytest.raises(ConfigError, match=r"datasets\.0\.source"):
         load_config(None, [f"datasets=[{{source: '{source}', path: x.jsonl}}]"])
+
+
+def test_a_model_folder_not_built_yet_resolves_as_a_local_path(tmp_path, monkeypatch):
+    """The demo's case on a fresh clone: `runs/demo/models/fixture` does not exist yet and is
+    still a folder (made absolute), never a hub id left relative."""
+    monkeypatch.chdir(tmp_path)
+    config = load_config(None, ["work_dir=runs/demo", "target.model=runs/demo/models/fixture"])
+    assert config.target.model == str(tmp_path / "runs" / "demo" / "models" / "fixture")
+    assert config.work_dir == str(tmp_path / "runs" / "demo")
+
+
+@pytest.mark.parametrize(
+    ("value", "hub"),
+    [
+        ("Qwen/Qwen3-0.6B", True),
+        ("gpt2", True),
+        ("runs/demo/models/fixture", False),  # more parts than org/name
+        ("./model", False),
+        ("../models/x", False),
+        ("~/models/x", False),
+        ("/abs/no-suffix", False),
+    ],
+)
+def test_one_rule_says_what_a_hub_id_is(tmp_path, value, hub):
+    from eaglet.local_paths import is_hub_dataset, is_hub_id
+
+    assert is_hub_id(value, tmp_path) is hub
+    assert is_hub_dataset(value, tmp_path) is hub
+
+
+def test_an_existing_folder_with_a_hub_ids_shape_is_local(tmp_path):
+    from eaglet.local_paths import is_hub_id
+
+    (tmp_path / "org" / "model").mkdir(parents=True)
+    assert not is_hub_id("org/model", tmp_path)
+
+
+@pytest.mark.parametrize("name", ["org/data.jsonl", "data.csv", "x.parquet"])
+def test_a_dataset_with_a_file_suffix_is_never_a_hub_id(tmp_path, name):
+    from eaglet.local_paths import is_hub_dataset
+
+    assert not is_hub_dataset(name, tmp_path)
+
+
+def test_an_absolute_dataset_path_without_a_suffix_is_a_missing_file_not_a_hub_lookup(tmp_path):
+    from eaglet.config import DatasetSpec
+    from eaglet.datasets import DatasetError, read_samples
+
+    missing = tmp_path / "mydata"
+    with pytest.raises(DatasetError, match="dataset file not found"):
+        list(read_samples(DatasetSpec(source="x", path=str(missing))))

@@ -20,13 +20,15 @@ def stage_states(work_dir: Path) -> dict[str, str]:
     return {stage: figures["state"] for stage, figures in run["stages"].items()}
 
 
-def test_demo_runs_every_stage_then_reruns_fully_cached(tmp_path, fixture_model_dir):
-    work_dir = tmp_path / "demo"
-    # The demo builds the fixture model when absent; the session's build is reused here and
-    # the build itself is covered by tests/test_fixture.py.
-    shutil.copytree(fixture_model_dir, work_dir / "models" / "fixture")
-    first = run_cli(["demo", "--work-dir", str(work_dir)], cwd=tmp_path)
+def test_demo_runs_every_stage_then_reruns_fully_cached(tmp_path):
+    """The README's first command as a new user meets it: an empty folder (not the
+    repository), a relative work dir, no model built beforehand (not the suite's prebuilt
+    fixture): the demo builds its model and data, then runs every stage."""
+    work_dir = tmp_path / "runs" / "demo"
+    demo = ["demo", "--work-dir", "runs/demo"]
+    first = run_cli(demo, cwd=tmp_path, env={"EAGLET_TEST_FIXTURE_MODEL": None})
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert (work_dir / "models" / "fixture" / "config.json").exists()
     assert stage_states(work_dir) == dict.fromkeys(STAGES, "Completed")
     assert "draft model:" in first.stdout and "report:" in first.stdout
     report = inspect_work_dir(work_dir)
@@ -36,7 +38,7 @@ def test_demo_runs_every_stage_then_reruns_fully_cached(tmp_path, fixture_model_
     draft_dir = Path(report["stages"]["train"]["path"]) / "draft"
     assert (draft_dir / "config.json").exists() and (draft_dir / "model.safetensors").exists()
 
-    second = run_cli(["demo", "--work-dir", str(work_dir)], cwd=tmp_path)
+    second = run_cli(demo, cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert stage_states(work_dir) == dict.fromkeys(STAGES, "Cached")
 
