@@ -8,10 +8,11 @@ that names the key instead of a silently ignored setting.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -22,6 +23,20 @@ from pydantic import (
 
 from eaglet.errors import PermanentError
 from eaglet.local_paths import absolute, is_hub_dataset, is_hub_id
+
+
+def base_url(url: str) -> str:
+    """A server's base URL as eaglet joins paths to it: `http(s)://host:port[/prefix]`, with no
+    trailing `/` and no trailing `/v1` (the base URL OpenAI clients take; eaglet adds `/v1/...`
+    itself, so both spellings name the same server)."""
+    url = url.strip()
+    if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1]) == 0:
+        raise ValueError(f"{url!r} is not an http:// or https:// URL")
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+BaseUrl = Annotated[str, AfterValidator(base_url)]
 
 STAGES = ("download", "tokenize", "generate", "extract", "hidden_states", "train", "evaluate")
 Stage = Literal["download", "tokenize", "generate", "extract", "hidden_states", "train", "evaluate"]
@@ -91,9 +106,10 @@ class GenerationConfig(_Strict):
     engine: Literal["local", "vllm", "sglang", "openai"] = Field(
         "local", description="local = transformers in-process; the others are HTTP servers."
     )
-    endpoints: list[str] = Field(
+    endpoints: list[BaseUrl] = Field(
         default_factory=lambda: ["http://127.0.0.1:8000"],
-        description="Base URLs of the inference servers (HTTP engines).",
+        description="Base URLs of the inference servers (HTTP engines); http://host:port and "
+        "http://host:port/v1 name the same server.",
     )
     served_model: str = Field("tiny", description="Model name the server expects (HTTP engines).")
     max_tokens: int = Field(256, ge=1, le=1_000_000, description="Maximum output tokens.")
@@ -255,7 +271,7 @@ class HiddenStatesConfig(_Strict):
         description="hf backend: 'auto' spreads a model larger than one GPU over all GPUs "
         "(transformers device_map); None loads it on target.device.",
     )
-    endpoints: list[str] = Field(
+    endpoints: list[BaseUrl] = Field(
         default_factory=lambda: ["http://127.0.0.1:8000"],
         description="vllm backend: base URLs of the vLLM servers that extract hidden states.",
     )
@@ -480,7 +496,7 @@ class EvaluateConfig(_Strict):
         description="Also measure tau inside a real serving engine: vllm = serve the target with "
         "the draft as its eagle3 speculative model and read vLLM's spec-decode counters.",
     )
-    serving_endpoint: str | None = Field(
+    serving_endpoint: BaseUrl | None = Field(
         None,
         description="Base URL of a running vLLM server that already serves the target with this "
         "draft (k = num_speculative_tokens); None = eaglet starts one with vllm_python.",
@@ -559,6 +575,15 @@ class PipelineConfig(_Strict):
         duplicated = sorted({t for t in tags if tags.count(t) > 1})
         if duplicated:
             raise ValueError(f"dataset source tags must be unique; repeated: {duplicated}")
+        seen: dict[tuple, int] = {}
+        for i, spec in enumerate(datasets):
+            what = (spec.path, spec.name, spec.split, spec.revision)
+            if what in seen:
+                raise ValueError(
+                    f"datasets {seen[what]} and {i} read the same data ({spec.path}) under two "
+                    "source tags: every row would be trained on twice; keep one"
+                )
+            seen[what] = i
         return datasets
 
 
@@ -658,6 +683,26 @@ def resolve_paths(config: PipelineConfig, base: str | Path) -> PipelineConfig:
     return config.model_copy(update=updates)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key written twice in one mapping (plain YAML keeps the
+    last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} appears twice (lines {seen[key]} and {line}); keep one",
+                    key_node.start_mark,
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
 def load_config(
     path: str | Path | None = None, overrides: list[str] | None = None
 ) -> PipelineConfig:
@@ -672,7 +717,7 @@ def load_config(
     if path is not None:
         origin = str(path)
         try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+            loaded = yaml.load(Path(path).read_text(encoding="utf-8"), _UniqueKeyLoader)
         except FileNotFoundError as exc:
             raise ConfigError(f"config file not found: {path}") from exc
         except IsADirectoryError:
@@ -682,9 +727,14 @@ def load_config(
             raise ConfigError(f"{path}: not UTF-8 text ({problem})") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if loaded is None and not overrides:
+            raise ConfigError(
+                f"{path}: the file is empty; write at least `name:` and the keys that differ "
+                "from the defaults (`eaglet demo` runs the defaults)"
+            )
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys")
-        data = loaded or {}
+        data = loaded or {}  # empty with --set overrides: every value is in the overrides
     try:
         config = PipelineConfig.model_validate(data)
         if path is not None:

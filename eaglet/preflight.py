@@ -515,6 +515,93 @@ def check_vllm_python(config: PipelineConfig, report: PreflightReport) -> None:
             )
 
 
+ENDPOINT_TIMEOUT_S = 5.0
+
+
+def _vllm_endpoint_problem(setting: str, url: str) -> str | None:
+    """Why `url` is not a vLLM server that answers (refused, timed out, no `/v1/models`), in
+    one line naming `setting` and the URL; None when it answers as vLLM does."""
+    import httpx
+
+    probe = f"{url}/v1/models"
+    try:
+        response = httpx.get(probe, timeout=ENDPOINT_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        return (
+            f"{setting}: {url} does not answer (GET {probe}: {_first_line(exc)}): start the "
+            "server, fix the URL, or leave it unset so that eaglet starts one (vllm_python)"
+        )
+    try:
+        models = response.json().get("data") if response.status_code == 200 else None
+    except ValueError:
+        models = None
+    if not isinstance(models, list):
+        return (
+            f"{setting}: {url} answers, but not as a vLLM server (GET {probe}: HTTP "
+            f"{response.status_code}): point it at vLLM's OpenAI API server"
+        )
+    return None
+
+
+def _tcp_problem(setting: str, address: str) -> str | None:
+    import socket
+
+    host_port = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = host_port.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=ENDPOINT_TIMEOUT_S):
+            return None
+    except ValueError:
+        return f"{setting}: {address!r} has no port; write tcp://host:8786"
+    except OSError as exc:
+        return (
+            f"{setting}: nothing answers at {address} ({exc.strerror or exc}): start the "
+            "Dask scheduler, fix the address, or leave it unset for a local cluster"
+        )
+
+
+def check_endpoints(config: PipelineConfig, report: PreflightReport) -> None:
+    """Servers the later stages will use, checked now rather than hours into the run: the
+    hidden-states vLLM servers (the vllm backend, or online training, without vllm_python),
+    the serving check's running server and a Dask scheduler. The generation servers are the
+    canary's (the first minute of generate)."""
+    hidden = config.hidden_states
+    online = config.train.hidden_states == "online"
+    wanted: list[tuple[str, str]] = []
+    if hidden.backend == "vllm" and not hidden.vllm_python:
+        wanted += [(f"hidden_states.endpoints[{i}]", u) for i, u in enumerate(hidden.endpoints)]
+        if online:
+            wanted = [(f"{s} (online training)", u) for s, u in wanted]
+    if config.evaluate.serving == "vllm" and config.evaluate.serving_endpoint:
+        wanted.append(("evaluate.serving_endpoint", config.evaluate.serving_endpoint))
+    for setting, url in wanted:
+        problem = _vllm_endpoint_problem(setting, url)
+        if problem:
+            report.problems.append(problem)
+        else:
+            report.passed.append(f"{setting} {url}: a vLLM server answers")
+    execution = config.execution
+    if execution.task_runner == "dask" and execution.dask_address:
+        problem = _tcp_problem("execution.dask_address", execution.dask_address)
+        if problem:
+            report.problems.append(problem)
+        else:
+            report.passed.append(f"execution.dask_address {execution.dask_address}: answers")
+
+
+def check_devices(config: PipelineConfig, report: PreflightReport) -> None:
+    """A CUDA device asked for where torch sees none fails now, not at the stage that uses it."""
+    import torch
+
+    settings = {"target.device": config.target.device, "train.device": config.train.device}
+    for setting, device in settings.items():
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            report.problems.append(
+                f"{setting}={device}: torch sees no CUDA device on this machine "
+                f"(torch {torch.__version__}); use cpu, or auto for the GPU when there is one"
+            )
+
+
 def preflight(config: PipelineConfig) -> PreflightReport:
     """Every check that needs only the config, the target's config.json and tokenizer; see
     the module docstring. Never raises for a bad config: the report lists the problems."""
@@ -522,6 +609,8 @@ def preflight(config: PipelineConfig) -> PreflightReport:
     rows = check_datasets(config, report)
     check_work_dir(config, report)
     check_vllm_python(config, report)
+    check_devices(config, report)
+    check_endpoints(config, report)
     load_target(config, report)
     model_config, tokenizer = report.model_config, report.tokenizer
     if model_config is not None:

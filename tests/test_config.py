@@ -164,3 +164,46 @@ def test_an_absolute_dataset_path_without_a_suffix_is_a_missing_file_not_a_hub_l
     missing = tmp_path / "mydata"
     with pytest.raises(DatasetError, match="dataset file not found"):
         list(read_samples(DatasetSpec(source="x", path=str(missing))))
+
+
+def test_a_key_written_twice_is_an_error_naming_both_lines(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("name: a\ngeneration:\n  max_tokens: 10\n  max_tokens: 20\n")
+    with pytest.raises(ConfigError, match=r"'max_tokens' appears twice \(lines 3 and 4\)"):
+        load_config(path)
+
+
+def test_an_empty_config_file_is_an_error_not_the_demo(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("# nothing yet\n")
+    with pytest.raises(ConfigError, match="the file is empty"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    "written", ["http://h:8000/v1", "http://h:8000/v1/", "http://h:8000/", " http://h:8000"]
+)
+def test_an_endpoint_written_the_openai_way_names_the_same_server(written):
+    config = load_config(
+        None,
+        [
+            f"generation.endpoints=['{written}']",
+            f"hidden_states.endpoints=['{written}']",
+            f"evaluate.serving_endpoint={written.strip()}",
+        ],
+    )
+    assert config.generation.endpoints == ["http://h:8000"]
+    assert config.hidden_states.endpoints == ["http://h:8000"]
+    assert config.evaluate.serving_endpoint == "http://h:8000"
+
+
+def test_an_endpoint_that_is_not_a_url_is_an_error_naming_the_key():
+    with pytest.raises(ConfigError, match=r"generation\.endpoints\.0"):
+        load_config(None, ["generation.endpoints=['127.0.0.1:8000']"])
+
+
+def test_the_same_file_under_two_source_tags_is_an_error():
+    with pytest.raises(ConfigError, match="datasets 0 and 1 read the same data"):
+        load_config(
+            None, ["datasets=[{source: a, path: /d/x.jsonl}, {source: b, path: /d/x.jsonl}]"]
+        )

@@ -304,3 +304,67 @@ def test_a_vllm_python_that_is_not_there_is_named_before_any_stage(setup, tmp_pa
     problems = run(setup, **serving)
     assert any(p.startswith("evaluate.vllm_python:") for p in problems), problems
     assert not run(setup, evaluate__serving="vllm", evaluate__vllm_python=sys.executable)
+
+
+@pytest.fixture
+def not_vllm():
+    """A real HTTP server that is not vLLM: every path answers 404."""
+    import http.server
+    import threading
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server API
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def dead_url() -> str:
+    from tests.fake_servers import free_port
+
+    return f"http://127.0.0.1:{free_port()}"
+
+
+def test_a_dead_hidden_states_endpoint_is_named_before_any_stage(setup):
+    url = dead_url()
+    problems = run(setup, hidden_states__backend="vllm", hidden_states__endpoints=[url + "/v1"])
+    assert any(
+        p.startswith("hidden_states.endpoints[0]") and url in p and "does not answer" in p
+        for p in problems
+    ), problems
+
+
+def test_an_online_endpoint_that_is_not_vllm_is_named(setup, not_vllm):
+    problems = run(
+        setup,
+        hidden_states__backend="vllm",
+        hidden_states__endpoints=[not_vllm],
+        train__hidden_states="online",
+    )
+    assert any(
+        "online training" in p and not_vllm in p and "not as a vLLM server" in p and "404" in p
+        for p in problems
+    ), problems
+
+
+def test_a_serving_endpoint_that_is_not_vllm_is_named(setup, not_vllm):
+    problems = run(setup, evaluate__serving="vllm", evaluate__serving_endpoint=not_vllm)
+    assert any(p.startswith("evaluate.serving_endpoint") and not_vllm in p for p in problems)
+
+
+def test_an_unreachable_dask_scheduler_is_named(setup):
+    address = dead_url().replace("http://", "tcp://")
+    problems = run(setup, execution__task_runner="dask", execution__dask_address=address)
+    assert any(p.startswith("execution.dask_address") and address in p for p in problems)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_cuda_on_a_machine_without_one_is_named(setup):
+    problems = run(setup, train__device="cuda")
+    assert any(p.startswith("train.device=cuda") for p in problems), problems
