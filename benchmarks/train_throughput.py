@@ -217,7 +217,12 @@ def served_online(args, config: PipelineConfig, work: Path, examples_path: Path,
     with vllm_server(command, work / "vllm.log", startup_timeout_s=900) as url:
         startup_s = time.time() - started
         settings = config.hidden_states.model_copy(
-            update={"backend": "vllm", "endpoints": [url], "concurrency": 4}
+            update={
+                "backend": "vllm",
+                "endpoints": [url],
+                "concurrency": 4,
+                "connector_path": str(connector),
+            }
         )
         served = config.model_copy(update={"hidden_states": settings})
         job = pipeline_job(served, work / "served", examples_path=examples_path)

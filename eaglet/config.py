@@ -278,8 +278,8 @@ class HiddenStatesConfig(_Strict):
     connector_path: str | None = Field(
         None,
         description="vllm backend: the connector's shared_storage_path as eaglet sees it (the "
-        "server writes one safetensors file per request there). None = use the path the "
-        "server reports in each response.",
+        "server writes one safetensors file per request there); needed for a server eaglet "
+        "does not start. eaglet reads and deletes files only there.",
     )
     served_model: str = Field("tiny", description="vllm backend: the served model name.")
     concurrency: int = Field(8, ge=1, le=4096, description="vllm backend: requests in flight.")
@@ -304,6 +304,18 @@ class HiddenStatesConfig(_Strict):
         le=86_400.0,
         description="vllm backend: seconds the server eaglet starts may take to be healthy.",
     )
+
+    @model_validator(mode="after")
+    def _connector_folder_known(self) -> HiddenStatesConfig:
+        # eaglet reads and deletes only files in the connector folder it knows: the one of
+        # the server it starts, or this one for a server someone else runs.
+        if self.backend == "vllm" and not self.vllm_python and not self.connector_path:
+            raise ValueError(
+                "hidden_states.backend=vllm with a server eaglet does not start (no "
+                "vllm_python) needs hidden_states.connector_path: the connector's "
+                "shared_storage_path as seen from this machine"
+            )
+        return self
 
 
 class TrainConfig(_Strict):

@@ -331,20 +331,26 @@ def dead_url() -> str:
     return f"http://127.0.0.1:{free_port()}"
 
 
-def test_a_dead_hidden_states_endpoint_is_named_before_any_stage(setup):
+def test_a_dead_hidden_states_endpoint_is_named_before_any_stage(setup, tmp_path):
     url = dead_url()
-    problems = run(setup, hidden_states__backend="vllm", hidden_states__endpoints=[url + "/v1"])
+    problems = run(
+        setup,
+        hidden_states__backend="vllm",
+        hidden_states__endpoints=[url + "/v1"],
+        hidden_states__connector_path=str(tmp_path),
+    )
     assert any(
         p.startswith("hidden_states.endpoints[0]") and url in p and "does not answer" in p
         for p in problems
     ), problems
 
 
-def test_an_online_endpoint_that_is_not_vllm_is_named(setup, not_vllm):
+def test_an_online_endpoint_that_is_not_vllm_is_named(setup, not_vllm, tmp_path):
     problems = run(
         setup,
         hidden_states__backend="vllm",
         hidden_states__endpoints=[not_vllm],
+        hidden_states__connector_path=str(tmp_path),
         train__hidden_states="online",
     )
     assert any(

@@ -29,10 +29,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from itertools import cycle
 from pathlib import Path
+from typing import Any
 
 import httpx
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 import eaglet
@@ -122,7 +123,9 @@ def started_server(
             timeout_setting="hidden_states.startup_timeout_s",
         ) as url:  # fmt: skip
             report(f"hidden states: vLLM server up at {url}")
-            served = settings.model_copy(update={"endpoints": [url], "connector_path": None})
+            served = settings.model_copy(
+                update={"endpoints": [url], "connector_path": str(connector)}
+            )
             yield config.model_copy(update={"hidden_states": served})
     finally:
         shutil.rmtree(connector, ignore_errors=True)
@@ -194,10 +197,19 @@ class VllmBackend:
         self.client = httpx.Client(timeout=settings.request_timeout_s)
         self._endpoints = cycle([e.rstrip("/") for e in settings.endpoints])
 
-    def _local_path(self, server_path: str) -> str:
-        if self.settings.connector_path:
-            return str(Path(self.settings.connector_path) / Path(server_path).name)
-        return server_path
+    def _local_path(self, url: str, sample_id: str, server_path: Any) -> str:
+        """The connector file a response names, inside the connector folder eaglet configured
+        (`hidden_states.connector_path`, or the folder of the server eaglet started): only its
+        file name is taken from the server, so no response can make eaglet read or delete a
+        file elsewhere; a name that is not a connector file is an error naming the server."""
+        name = Path(server_path).name if isinstance(server_path, str) else ""
+        if not name.endswith(".safetensors") or name != str(server_path).rsplit("/", 1)[-1]:
+            raise RuntimeError(
+                f"sample {sample_id}: {url} named {server_path!r} as its hidden-states file; "
+                "a connector file is a .safetensors file: is this the server with eaglet's "
+                "connector (eaglet.hidden_states.vllm.server_args)?"
+            )
+        return str(Path(self.settings.connector_path) / name)
 
     def one(self, example: Example) -> dict[str, torch.Tensor]:
         """Features of one example: aux [T, 3H], final [T, H] (post-norm)."""
@@ -214,13 +226,33 @@ class VllmBackend:
                 f"sample {example.sample_id}: {url} answered {response.status_code}: "
                 f"{response.text[:300]}"
             )
-        params = response.json().get("kv_transfer_params") or {}
-        if "hidden_states_path" not in params:
+        try:
+            params = response.json().get("kv_transfer_params") or {}
+        except (ValueError, AttributeError):
+            raise RuntimeError(
+                f"sample {example.sample_id}: {url} answered 200 with a body that is not a JSON "
+                f"object: {response.text[:200]!r}"
+            ) from None
+        if not isinstance(params, dict) or "hidden_states_path" not in params:
             raise RuntimeError(
                 f"{url} returned no kv_transfer_params.hidden_states_path: start the server "
                 "with eaglet.hidden_states.vllm.server_args (extract_hidden_states + connector)"
             )
-        data = read_connector_file(self._local_path(params["hidden_states_path"]))
+        path = self._local_path(url, example.sample_id, params["hidden_states_path"])
+        try:
+            data = read_connector_file(path)
+        except (OSError, SafetensorError) as exc:
+            raise RuntimeError(
+                f"sample {example.sample_id}: the hidden-states file {url} named ({path}) could "
+                f"not be read: {exc}. Is hidden_states.connector_path the connector's "
+                "shared_storage_path as seen from this machine?"
+            ) from None
+        if "hidden_states" not in data or "token_ids" not in data:
+            raise RuntimeError(
+                f"sample {example.sample_id}: the file {url} named ({path}) holds "
+                f"{sorted(data)}, not hidden_states and token_ids: not the hidden-states "
+                "connector's file"
+            )
         states, ids = data["hidden_states"], data["token_ids"]  # [T, L, H], [T]
         if ids.tolist() != list(example.input_ids) or states.shape[1] != 4:
             raise RuntimeError(

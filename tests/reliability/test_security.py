@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import json
 import os
 import subprocess
@@ -396,3 +397,89 @@ def test_an_api_key_never_reaches_a_file_a_log_or_an_artifact(
         files = [p for p in tmp_path.rglob("*") if p.is_file()]
         leaked = [p for p in files if key.encode() in p.read_bytes()]
         assert not leaked, f"the key was written to {leaked}"
+
+
+def connector_server(answer: dict):
+    """An ASGI server that answers every completion with `answer` as its JSON body (what a
+    wrong or hostile hidden-states server could send)."""
+    from tests.fake_servers import _send_json
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http":
+            while (await receive()).get("more_body"):
+                pass
+            await _send_json(send, 200, answer)
+
+    return app
+
+
+def vllm_backend(fixture_model_dir: Path, url: str, connector: Path):
+    from eaglet.config import HiddenStatesConfig, TargetConfig
+    from eaglet.hidden_states.vllm import VllmBackend
+
+    settings = HiddenStatesConfig(backend="vllm", endpoints=[url], connector_path=str(connector))
+    return VllmBackend(TargetConfig(model=str(fixture_model_dir)), settings)
+
+
+def example():
+    from eaglet.records.examples import Example
+
+    return Example.model_validate(
+        {
+            "sample_id": "s1",
+            "source": "t",
+            "reasoning": "",
+            "content": "",
+            "input_ids": [1, 2, 3],
+            "loss_mask": [0, 1, 1],
+            "finish_reason": "stop",
+        }
+    )
+
+
+def test_a_server_naming_a_file_outside_the_connector_folder_never_gets_it_read_or_deleted(
+    tmp_path, fixture_model_dir
+):
+    from tests.fake_servers import serve
+
+    outside = tmp_path / "precious.safetensors"
+    outside.write_bytes(b"keep me")
+    connector = tmp_path / "connector"
+    connector.mkdir()
+    for named in (str(outside), "../precious.safetensors", "/etc/passwd"):
+        answer = {"kv_transfer_params": {"hidden_states_path": named}}
+        with serve(connector_server(answer)) as url:
+            backend = vllm_backend(fixture_model_dir, url, connector)
+            with pytest.raises(RuntimeError) as failed:
+                backend.one(example())
+        # a file name is taken into eaglet's own folder, or the name is refused
+        assert url in str(failed.value) and "s1" in str(failed.value), failed.value
+        assert outside.read_bytes() == b"keep me"
+
+
+def test_a_malformed_hidden_states_response_is_a_clear_error(tmp_path, fixture_model_dir):
+    from safetensors.torch import save_file
+
+    from tests.fake_servers import serve
+
+    connector = tmp_path / "connector"
+    connector.mkdir()
+    save_file({"other": torch_zeros()}, str(connector / "x.safetensors"))
+    cases = {
+        "holds ['other'], not hidden_states": {
+            "kv_transfer_params": {"hidden_states_path": "x.safetensors"}
+        },
+        "no kv_transfer_params.hidden_states_path": {"kv_transfer_params": ["x"]},
+        "not a JSON object": ["a list"],
+    }
+    for expected, answer in cases.items():
+        with serve(connector_server(answer)) as url:
+            backend = vllm_backend(fixture_model_dir, url, connector)
+            with pytest.raises(RuntimeError, match=re.escape(expected)):
+                backend.one(example())
+
+
+def torch_zeros():
+    import torch
+
+    return torch.zeros(2)
