@@ -44,6 +44,12 @@ class PermanentError(Exception):
     transient = False
 
 
+class NonFiniteError(PermanentError, ArithmeticError):
+    """A NaN or inf in the target's states, a loss or an evaluation: the message names the
+    first sample (and step) where it appeared. Broken weights or a dtype that overflows
+    compute it again on a retry."""
+
+
 class TransientError(Exception):
     """A fault that may pass by itself (a server restarting, a network blip)."""
 

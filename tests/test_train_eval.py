@@ -33,6 +33,7 @@ from eaglet.draft.train import (
     train_step,
     ttt_unroll,
 )
+from eaglet.errors import NonFiniteError
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
 from eaglet.hidden_states.stage import stage_body
 from eaglet.records.examples import Example
@@ -444,3 +445,60 @@ def test_the_learning_rate_falls_from_the_peak_to_lr_floor_times_it(world, tmp_p
         assert lrs[warmup - 1] == pytest.approx(config.lr)
         assert all(a >= b for a, b in zip(lrs[warmup:], lrs[warmup + 1 :], strict=False))
         assert lrs[-1] == pytest.approx(floor * config.lr, abs=1e-12)
+
+
+def test_a_non_finite_loss_fails_the_step_naming_it_and_its_first_sample(
+    world, tmp_path, monkeypatch
+):
+    """A NaN in a batch's features gives a NaN loss: the step is refused before the optimizer
+    moves a weight, naming the step and the batch's first sample."""
+    from eaglet.draft import train
+
+    data = HiddenStatesData(world / "hs", set(), 1024)
+    target = TargetConfig(model=str(world / "target"))
+    run = setup(data, target, tmp_path, settings(epochs=1), AUX_IDS, CONVENTION, False)
+    batch = epoch_order(run, 0)[0]
+    real_collate = train.collate
+
+    def poisoned(items):
+        collated = real_collate(items)
+        collated["aux_hidden_states"] = collated["aux_hidden_states"] * float("nan")
+        return collated
+
+    monkeypatch.setattr(train, "collate", poisoned)
+    before = {k: v.clone() for k, v in run.draft.state_dict().items()}
+    with pytest.raises(NonFiniteError, match=r"train step 1: the loss is not finite") as raised:
+        train_step(run, batch)
+    first = data.window_sample_ids[micro_batches(run, batch)[0][0]]
+    assert f"first sample is {first}" in str(raised.value)
+    for name, value in run.draft.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+def test_non_finite_target_states_fail_the_hidden_states_stage_naming_the_sample():
+    from eaglet.hidden_states.stage import encode_sample
+
+    example = Example.model_validate(
+        {"sample_id": "s7", "source": "t", "reasoning": "", "content": "",
+         "input_ids": [1, 2, 3], "loss_mask": [0, 1, 1], "finish_reason": "stop"}
+    )  # fmt: skip
+    aux, final = torch.zeros(3, 3 * HIDDEN), torch.zeros(3, HIDDEN)
+    final[2, 5] = float("nan")
+    features = {"aux_hidden_states": aux, "final_hidden_states": final}
+    with pytest.raises(NonFiniteError, match=r"sample s7: .*final_hidden_states.* token 2 of 3"):
+        encode_sample(example, features, "int8")
+
+
+def test_a_target_with_nan_weights_never_scores_a_perfect_tau(trained, world, tmp_path):
+    import shutil
+
+    from safetensors.torch import save_file
+
+    broken = tmp_path / "target"
+    shutil.copytree(world / "target", broken)
+    weights = load_file(str(broken / "model.safetensors"))
+    weights = {k: v * float("nan") if "mlp" in k else v for k, v in weights.items()}
+    save_file(weights, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    args = (world / "run" / "draft", broken, random_prompts(2, seed=5))
+    with pytest.raises(NonFiniteError, match=r"held-out prompt 0 of 2: the target's logits"):
+        evaluate_draft(*args, num_speculative_tokens=4, max_new_tokens=8)

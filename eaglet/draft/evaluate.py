@@ -36,6 +36,7 @@ from eaglet.draft.checkpoint import aux_layer_ids as draft_aux_layer_ids
 from eaglet.draft.checkpoint import config_from_json, load_draft
 from eaglet.draft.model import Eagle3Draft, KVCache, ttt_attention_mask
 from eaglet.draft.serving import check_gap, emitted_tau, measure_served
+from eaglet.errors import NonFiniteError
 from eaglet.storage import write_json_atomic
 from eaglet.target import load_model
 
@@ -70,12 +71,23 @@ def resolve_aux_ids(
     return draft_aux_layer_ids(draft_config, where)
 
 
+def finite(logits: torch.Tensor, position: int) -> torch.Tensor:
+    """`logits` [n, V], refused when any is NaN or inf: argmax would read them as token 0
+    everywhere, target and draft would agree, and tau would be perfect."""
+    if not bool(torch.isfinite(logits).all()):
+        raise NonFiniteError(
+            f"the target's logits are not finite (NaN or inf) near token {position}: its "
+            "weights or dtype are broken (check target.model's safetensors and target.dtype)"
+        )
+    return logits
+
+
 @torch.no_grad()
 def target_forward(target, ids: list[int], aux_layer_ids: list[int]):
     """Greedy choice after every prefix [L] and aux features [L, 3H] of the sequence."""
     x = torch.tensor([ids], device=target.device)
     out = target(input_ids=x, output_hidden_states=True, use_cache=False)
-    greedy = out.logits[0].argmax(-1)  # [L], greedy[p] = target's token after x_0..x_p
+    greedy = finite(out.logits[0], len(ids)).argmax(-1)  # [L], greedy[p]: after x_0..x_p
     aux = torch.cat([out.hidden_states[i][0] for i in aux_layer_ids], dim=-1)  # [L, 3H]
     return greedy, aux
 
@@ -107,7 +119,7 @@ class TargetRunner:
         self.cache = out.past_key_values
         self.seq += tokens
         aux = torch.cat([out.hidden_states[i][0] for i in self.aux_layer_ids], dim=-1)
-        return out.logits[0].argmax(-1), aux  # [n], [n, 3H]
+        return finite(out.logits[0], len(self.seq)).argmax(-1), aux  # [n], [n, 3H]
 
     def truncate(self, length: int) -> None:
         del self.seq[length:]
@@ -184,7 +196,7 @@ def greedy_generate(
         out = target(input_ids=x, past_key_values=cache, use_cache=use_cache)
         if use_cache:
             cache, fed = out.past_key_values, len(seq)
-        token = int(out.logits[0, -1].argmax())
+        token = int(finite(out.logits[0, -1:], len(seq) - len(prompt)).argmax())
         seq.append(token)
         if token in eos:
             break
@@ -253,9 +265,12 @@ def _evaluate(
     rounds: list[int] = []
     new_tokens, mismatched = 0, []
     for p, (prompt, reference) in enumerate(zip(prompts, references, strict=True)):
-        out, accepted = speculative_generate(
-            target, draft, embed, prompt, k, max_new_tokens, eos, aux_layer_ids, use_cache
-        )
+        try:
+            out, accepted = speculative_generate(
+                target, draft, embed, prompt, k, max_new_tokens, eos, aux_layer_ids, use_cache
+            )
+        except NonFiniteError as exc:
+            raise NonFiniteError(f"held-out prompt {p} of {len(prompts)}: {exc}") from None
         if out != reference:
             mismatched.append(p)
         rounds += accepted
@@ -325,9 +340,12 @@ def evaluate_draft(
     model = load_target(target, device)
     aux_ids = resolve_aux_ids(config, aux_layer_ids, Path(draft_dir) / "config.json")
     eos = set(default_eos_ids(model) if eos_token_ids is None else eos_token_ids)
-    references = [
-        greedy_generate(model, prompt, max_new_tokens, eos, use_cache) for prompt in prompts
-    ]
+    references = []
+    for p, prompt in enumerate(prompts):
+        try:
+            references.append(greedy_generate(model, prompt, max_new_tokens, eos, use_cache))
+        except NonFiniteError as exc:
+            raise NonFiniteError(f"held-out prompt {p} of {len(prompts)}: {exc}") from None
     common = dict(
         target=model, prompts=prompts, references=references, max_new_tokens=max_new_tokens,
         eos=eos, aux_layer_ids=aux_ids, use_cache=use_cache,

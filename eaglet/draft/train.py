@@ -47,6 +47,7 @@ from eaglet.draft.optimizer import make_optimizer
 from eaglet.draft.schedule import warmup_cosine
 from eaglet.draft.target_head import TargetHead, load_target_head
 from eaglet.draft.vocab import DraftVocab, build_draft_vocab, count_tokens
+from eaglet.errors import NonFiniteError
 from eaglet.hidden_states.shards import read_window
 from eaglet.storage import atomic_folder
 from eaglet.target import resolve_device
@@ -80,9 +81,11 @@ class HiddenStatesData:
             and (only_sample_ids is None or e["sample_id"] in only_sample_ids)
         ]
         self.windows: list[tuple[str, int, int]] = []  # (shard, offset, length)
+        self.window_sample_ids: list[str] = []  # the sample each window is cut from
         for e in self.samples:
             for start, length in window_starts(e["length"], max_seq_len):
                 self.windows.append((e["shard"], e["offset"] + start, length))
+                self.window_sample_ids.append(e["sample_id"])
         self._files: dict = {}
 
     def _file(self, shard: str):
@@ -651,8 +654,16 @@ def _load_pieces(run: Run, indices: list[int], data: Any = None) -> list[dict[st
             items = [data[j] for j in chunk]
         batch = {k: v.to(run.device) for k, v in collate(items).items()}
         batch["in_vocab"] = target_in_vocab(batch["final_hidden_states"], run.lm_head, run.t2d)
+        batch["windows"] = torch.tensor(chunk)  # which windows of `data`: named on a NaN loss
         pieces.append(batch)
     return pieces
+
+
+def first_sample(data: Any, windows: torch.Tensor) -> str:
+    """The sample id of the first of `windows` (indices into `data`), or the window index."""
+    index = int(windows[0])
+    ids = getattr(data, "window_sample_ids", None)
+    return ids[index] if ids is not None else f"window {index}"
 
 
 def piece_loss(
@@ -728,6 +739,12 @@ def train_step(run: Run, indices: list[int]) -> dict:
     run.optimizer.zero_grad(set_to_none=True)
     for b in pieces:
         loss, stats = piece_loss(run, b, denominators)
+        if not bool(torch.isfinite(loss)):  # checked before any step: the weights stay good
+            raise NonFiniteError(
+                f"train step {run.step + 1}: the loss is not finite (NaN or inf) on the batch "
+                f"whose first sample is {first_sample(run.data, b['windows'])}: lower "
+                "train.lr, or check the hidden states (eaglet inspect --verify)"
+            )
         loss.backward()
         sums[0] += torch.tensor(stats["loss_sum"], dtype=torch.float64, device=run.device)
         sums[1] += torch.tensor(stats["hits"], dtype=torch.float64, device=run.device)

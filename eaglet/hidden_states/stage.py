@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from eaglet.config import PipelineConfig
+from eaglet.errors import NonFiniteError
 from eaglet.hidden_states.budget import check_disk_budget
 from eaglet.hidden_states.hf import HFBackend
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids
@@ -138,6 +139,15 @@ def encode_sample(
             f"sample {example.sample_id}: backend returned states for "
             f"{aux.shape[0]} tokens, expected {n}"
         )
+    for name, states in (("aux_hidden_states", aux), ("final_hidden_states", final)):
+        finite = torch.isfinite(states).all(dim=-1)  # [n]
+        if not bool(finite.all()):
+            position = int((~finite).nonzero()[0, 0])
+            raise NonFiniteError(
+                f"sample {example.sample_id}: the target's {name} are not finite (NaN or inf) "
+                f"from token {position} of {n}: the target's weights or dtype are broken "
+                "(check target.model's safetensors and target.dtype); nothing of it was stored"
+            )
     return {
         "input_ids": torch.tensor(example.input_ids, dtype=torch.int64),  # [n]
         "loss_mask": torch.tensor(example.loss_mask, dtype=torch.uint8),  # [n]
