@@ -449,8 +449,9 @@ class TrainConfig(_Strict):
         None,
         ge=1,
         le=1024,
-        description="torch intra-op threads per training process; None = torch's choice. On a "
-        "few shared cores, 1 avoids threads thrashing.",
+        description="torch intra-op threads per training process; None = eaglet's choice, as "
+        "in every torch stage: the CPUs the process may use (affinity, cgroup quota) less those "
+        "other processes keep busy when the stage starts (OMP_NUM_THREADS, when set, wins).",
     )
     nproc_per_node: int = Field(
         1,

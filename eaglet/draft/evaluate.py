@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from eaglet.config import EvaluateConfig, TargetConfig
+from eaglet.cpu_threads import apply_threads
 from eaglet.draft.checkpoint import aux_layer_ids as draft_aux_layer_ids
 from eaglet.draft.checkpoint import config_from_json, load_draft
 from eaglet.draft.model import Eagle3Draft, KVCache, ttt_attention_mask
@@ -329,6 +330,7 @@ def evaluate_draft(
     With `untrained_seed`, the same evaluation of a fresh draft (the same config and vocab,
     weights drawn from the seed) is the baseline under `"untrained"`; the target is loaded,
     and its plain greedy reference decoded, once for both."""
+    apply_threads("evaluate")
     trained, config = load_draft(Path(draft_dir))
     window = trained.config.sliding_window
     longest = max(len(p) for p in prompts) + max_new_tokens + num_speculative_tokens

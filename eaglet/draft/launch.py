@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglet.config import HiddenStatesConfig, PipelineConfig, TargetConfig, TrainConfig
+from eaglet.cpu_threads import choose_threads, report_to
 from eaglet.draft.online import OnlineData, Served
 from eaglet.draft.train import train_draft
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids
@@ -126,10 +127,12 @@ def run_training(
     progress: Callable[[dict], None] | None = None,
     log_line: Callable[[str], None] = print,
 ) -> dict:
-    """`launch` under torchrun when `nproc_per_node` > 1, else `run_job` here."""
+    """`launch` under torchrun when `nproc_per_node` > 1, else `run_job` here (the trainer's
+    thread choice is written to `log_line` too)."""
     if nproc_per_node > 1:
         return launch(job, nproc_per_node, progress, log_line)
-    return run_job(job, progress)
+    with report_to(log_line):
+        return run_job(job, progress)
 
 
 def run_job(job: dict[str, Any], progress: Callable[[dict], None] | None = None) -> dict:
@@ -163,6 +166,14 @@ def run_job(job: dict[str, Any], progress: Callable[[dict], None] | None = None)
     )
 
 
+def worker_threads(threads: int | None, nproc_per_node: int, **readers) -> int:
+    """Intra-op threads of each torchrun process: train.threads, else OMP_NUM_THREADS, else
+    an equal share of the threads this process may use now (cpu_threads.choose_threads; at
+    least 1). The workers read it as OMP_NUM_THREADS, an explicit setting."""
+    choice = choose_threads(threads, **readers)
+    return choice.threads if not choice.chosen else max(1, choice.threads // nproc_per_node)
+
+
 def torchrun_command(job_path: Path, nproc_per_node: int) -> list[str]:
     return [
         sys.executable,
@@ -190,8 +201,8 @@ def launch(
     job_path.write_text(json.dumps(job, indent=2) + "\n")
     (out_dir / SUMMARY_FILE).unlink(missing_ok=True)
     env = dict(os.environ)
-    threads = job["train"].get("threads")
-    env["OMP_NUM_THREADS"] = str(threads or env.get("OMP_NUM_THREADS") or 1)
+    env["OMP_NUM_THREADS"] = str(worker_threads(job["train"].get("threads"), nproc_per_node))
+    log_line(f"train: {nproc_per_node} processes, OMP_NUM_THREADS={env['OMP_NUM_THREADS']} each")
     tail: deque[str] = deque(maxlen=40)
     with subprocess.Popen(
         torchrun_command(job_path, nproc_per_node),

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from eaglet.config import TargetConfig, TrainConfig
+from eaglet.cpu_threads import apply_threads
 from eaglet.draft.checkpoint import load_training_state, save_draft, save_training_state
 from eaglet.draft.model import TTT, Eagle3Config, Eagle3Draft
 from eaglet.draft.optimizer import make_optimizer
@@ -489,8 +490,7 @@ def setup(
     exists and `resume` (the same vocab, weights, optimizer moments and step). `heldout`: the
     held-out windows train.keep_best measures at each epoch's end."""
     started = time.time()
-    if config.threads:
-        torch.set_num_threads(config.threads)
+    apply_threads("train", config.threads)  # in this thread: a Prefect task's, a worker's
     if len(aux_layer_ids) != 3:
         raise ValueError(f"EAGLE-3 fuses three target layers, got {aux_layer_ids}")
     rank, world = distributed()

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from eaglet.config import PipelineConfig, TargetConfig
+from eaglet.cpu_threads import apply_threads
 from eaglet.engines.base import SamplingParams
 from eaglet.records.generations import Generation
 from eaglet.records.prompts import Prompt
@@ -38,6 +39,8 @@ class LocalEngine:
         return cls(config.target, params, config.generation.batch_size)
 
     def generate(self, prompts: Iterable[Prompt]) -> Iterator[Generation]:
+        # A generator: runs in the thread that consumes it (the sync-engine worker thread).
+        apply_threads("generate")
         # Similar lengths in a batch waste less compute on padding.
         ordered = sorted(prompts, key=lambda p: len(p.prompt_ids))
         for start in range(0, len(ordered), self.batch_size):

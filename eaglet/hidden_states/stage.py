@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from eaglet.config import PipelineConfig
+from eaglet.cpu_threads import apply_threads
 from eaglet.errors import NonFiniteError
 from eaglet.hidden_states.budget import check_disk_budget
 from eaglet.hidden_states.hf import HFBackend
@@ -317,6 +318,7 @@ def backend_factory(
 
     def get():
         if not made:
+            apply_threads("hidden_states", report=report)  # in the thread that computes
             run = config
             if stack is not None:
                 from eaglet.hidden_states.vllm import started_server
