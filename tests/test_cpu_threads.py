@@ -1,0 +1,334 @@
+"""eaglet/cpu_threads.py: the intra-op thread choice (affinity, cgroup quota, load; explicit
+settings win) and that every torch stage applies it in the thread that runs it, a non-main
+thread included (a Prefect task's, the sync engine's). No timing is asserted."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from eaglet import cpu_threads
+from eaglet.config import HiddenStatesConfig, PipelineConfig, TargetConfig, TrainConfig
+from eaglet.cpu_threads import (
+    ThreadChoice,
+    apply_threads,
+    cgroup_cpu_limit,
+    choose_threads,
+    others_load,
+    quiet_openmp,
+    set_by_caller,
+)
+from eaglet.draft.launch import worker_threads
+from tests.hidden_states_helpers import tiny_target, write_examples
+
+QUIET = {"OMP_WAIT_POLICY": "PASSIVE"}  # idle threads sleep: load counts as such
+
+
+def readers(cpus=8, quota=None, busy=0.0, environ=None, spinning=False) -> dict:
+    return {
+        "environ": QUIET if environ is None else environ,
+        "affinity": lambda: cpus,
+        "quota": lambda: quota,
+        "load": lambda: busy,
+        "spinning": spinning,  # None: judged from `environ` and when torch loaded
+    }
+
+
+# --- the choice --------------------------------------------------------------------------------
+
+
+def test_the_choice_follows_the_affinity_mask():
+    assert choose_threads(**readers(cpus=8)) == ThreadChoice(
+        8, "8 CPUs in the affinity mask, others keep 0.0 CPUs busy", True
+    )
+    assert choose_threads(**readers(cpus=3)).threads == 3
+    assert choose_threads(**readers(cpus=1)).threads == 1
+
+
+def test_the_choice_takes_whole_cpus_of_a_cgroup_quota():
+    choice = choose_threads(**readers(cpus=8, quota=2.5))
+    assert choice.threads == 2 and "cgroup quota 2.5 CPUs" in choice.reason
+    assert choose_threads(**readers(cpus=8, quota=0.5)).threads == 1  # never 0
+    assert choose_threads(**readers(cpus=2, quota=6.0)).threads == 2  # the mask still binds
+
+
+def test_the_choice_leaves_the_cpus_others_keep_busy():
+    assert choose_threads(**readers(cpus=8, busy=3.0)).threads == 5
+    assert choose_threads(**readers(cpus=8, busy=2.6)).threads == 5  # the nearest whole CPU
+    assert choose_threads(**readers(cpus=2, busy=1.0)).threads == 1
+    assert choose_threads(**readers(cpus=2, busy=7.0)).threads == 1  # at least one
+    assert choose_threads(**readers(cpus=4, quota=3.0, busy=1.0)).threads == 2
+    assert "others keep 3.0 CPUs busy" in choose_threads(**readers(busy=3.0)).reason
+
+
+def test_spinning_threads_take_one_thread_under_any_load(monkeypatch):
+    monkeypatch.setattr(cpu_threads, "wait_policy_state", "user")  # judged from the environment
+    spin = {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert choose_threads(**readers(cpus=8, busy=1.0, environ=spin, spinning=None)).threads == 1
+    assert choose_threads(**readers(cpus=8, busy=0.1, environ=spin, spinning=None)).threads == 8
+    unset = choose_threads(**readers(cpus=4, busy=0.0, environ={}, spinning=None))
+    assert unset.threads == 4 and "spin" in unset.reason
+    assert choose_threads(**readers(cpus=4, busy=2.0, spinning=True)).threads == 1
+    count = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "300000"}  # the count wins
+    assert choose_threads(**readers(cpus=8, busy=1.0, environ=count, spinning=None)).threads == 1
+    none = {"GOMP_SPINCOUNT": "0"}
+    assert choose_threads(**readers(cpus=8, busy=1.0, environ=none, spinning=None)).threads == 7
+    monkeypatch.setattr(cpu_threads, "wait_policy_state", "late")  # torch loaded before eaglet
+    assert choose_threads(**readers(cpus=8, busy=1.0, spinning=None)).threads == 1
+
+
+def test_the_override_and_omp_num_threads_win():
+    env = {"OMP_NUM_THREADS": "3", **QUIET}
+    assert choose_threads(5, **readers(cpus=2, busy=9.0, environ=env)) == ThreadChoice(
+        5, "train.threads=5", False
+    )
+    assert choose_threads(**readers(cpus=8, busy=7.0, environ=env)) == ThreadChoice(
+        3, "OMP_NUM_THREADS=3", False
+    )
+    mkl = choose_threads(**readers(cpus=8, environ={"MKL_NUM_THREADS": "2", **QUIET}))
+    assert mkl.threads == 2 and not mkl.chosen
+    assert choose_threads(**readers(cpus=8, environ={"OMP_NUM_THREADS": "", **QUIET})).chosen
+
+
+def test_torchrun_workers_share_the_choice():
+    assert worker_threads(None, 2, **readers(cpus=8)) == 4
+    assert worker_threads(None, 4, **readers(cpus=2)) == 1
+    assert worker_threads(3, 2, **readers(cpus=8)) == 3  # train.threads: per process
+    env = {"OMP_NUM_THREADS": "2", **QUIET}
+    assert worker_threads(None, 4, **readers(cpus=8, environ=env)) == 2
+
+
+# --- the readers --------------------------------------------------------------------------------
+
+
+def cgroup_v2(tmp_path: Path, path: str, limits: dict[str, str]) -> tuple[Path, Path]:
+    root = tmp_path / "cgroup"
+    root.mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    for folder, value in limits.items():
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        (root / folder / "cpu.max").write_text(value + "\n")
+    proc = tmp_path / "proc-cgroup"
+    proc.write_text(f"0::{path}\n")
+    return root, proc
+
+
+def test_cgroup_v2_quota_is_the_smallest_along_the_path(tmp_path):
+    root, proc = cgroup_v2(
+        tmp_path, "/user/job", {"user/job": "150000 100000", "user": "max 100000"}
+    )
+    assert cgroup_cpu_limit(root, proc) == 1.5
+    (root / "user" / "cpu.max").write_text("100000 100000\n")
+    assert cgroup_cpu_limit(root, proc) == 1.0
+    choice = choose_threads(**{**readers(cpus=8), "quota": lambda: cgroup_cpu_limit(root, proc)})
+    assert choice.threads == 1 and "cgroup quota 1 CPUs" in choice.reason
+
+
+def test_cgroup_v2_without_a_quota_and_a_container_at_the_mount_root(tmp_path):
+    root, proc = cgroup_v2(tmp_path, "/", {"": "max 100000"})
+    assert cgroup_cpu_limit(root, proc) is None
+    # a container: /proc/self/cgroup names the host's path, the mount holds its own cgroup
+    root, proc = cgroup_v2(tmp_path / "c", "/kubepods/pod1/abc", {"": "200000 100000"})
+    assert cgroup_cpu_limit(root, proc) == 2.0
+
+
+def test_cgroup_v1_quota(tmp_path):
+    root = tmp_path / "cgroup"
+    folder = root / "cpu,cpuacct" / "docker" / "abc"
+    folder.mkdir(parents=True)
+    (folder / "cpu.cfs_quota_us").write_text("300000\n")
+    (folder / "cpu.cfs_period_us").write_text("100000\n")
+    proc = tmp_path / "proc-cgroup"
+    proc.write_text("4:memory:/docker/abc\n2:cpu,cpuacct:/docker/abc\n1:name=systemd:/\n")
+    assert cgroup_cpu_limit(root, proc) == 3.0
+    (folder / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cgroup_cpu_limit(root, proc) is None
+    assert cgroup_cpu_limit(tmp_path / "absent", tmp_path / "absent-proc") is None
+
+
+def test_the_load_of_others_leaves_out_the_reader():
+    readings = iter([3, 4, 2])
+    assert others_load(lambda: next(readings), samples=3, interval_s=0) == 2.0
+    assert others_load(lambda: 1, samples=2, interval_s=0) == 0.0  # only this thread runs
+    assert others_load(lambda: None, samples=2, interval_s=0) == 0.0  # unreadable: none
+
+
+def test_the_wait_policy_is_set_only_before_torch_loads_and_only_when_unset():
+    env: dict[str, str] = {}
+    assert quiet_openmp(env, modules={}) == "set" and env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    env = {"GOMP_SPINCOUNT": "1000"}
+    assert quiet_openmp(env, modules={}) == "user" and env == {"GOMP_SPINCOUNT": "1000"}
+    env = {}
+    assert quiet_openmp(env, modules={"torch": object()}) == "late" and env == {}
+    quiet_openmp(dict(os.environ), sys.modules)  # leave the module's state as this process's
+
+
+def test_importing_eaglet_sets_the_wait_policy_before_torch():
+    code = "import os, sys, eaglet; print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if k not in cpu_threads.WAIT_VARS}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split() == ["PASSIVE", "False"], out.stderr
+
+
+def test_a_count_the_caller_set_is_told_from_torchs_default():
+    assert not set_by_caller(2, None, {2, 4})  # torch's own default
+    assert set_by_caller(1, None, {2, 4})  # the caller's torch.set_num_threads(1)
+    assert not set_by_caller(3, 3, {2})  # what this module set last
+    assert set_by_caller(1, 3, {2})  # changed since
+
+
+# --- applied by the stages, in their own thread --------------------------------------------
+
+
+@pytest.fixture
+def fake_machine(monkeypatch):
+    """3 usable CPUs, no quota, no load, no explicit setting; torch's count restored after."""
+    before = torch.get_num_threads()
+    monkeypatch.setattr(cpu_threads, "affinity_cpus", lambda: 3)
+    monkeypatch.setattr(cpu_threads, "cgroup_cpu_limit", lambda: None)
+    monkeypatch.setattr(cpu_threads, "others_load", lambda: 0.0)
+    for var in cpu_threads.THREAD_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setattr(cpu_threads, "wait_policy_state", "user")  # libgomp read PASSIVE
+    monkeypatch.setattr(cpu_threads, "_applied", before)  # the current count is not a caller's
+    yield
+    torch.set_num_threads(before)
+
+
+def in_thread(fn):
+    """fn() in a fresh non-main thread, as Prefect's and the sync engine's workers run; returns
+    (its result, torch's thread count seen in that thread after it)."""
+    out: dict = {}
+
+    def work():
+        try:
+            out["result"] = fn()
+            out["threads"] = torch.get_num_threads()
+        except BaseException as exc:  # re-raised in the test's thread
+            out["error"] = exc
+
+    worker = threading.Thread(target=work, name="stage-worker")
+    worker.start()
+    worker.join()
+    if "error" in out:
+        raise out["error"]
+    return out.get("result"), out["threads"]
+
+
+def test_apply_sets_the_count_in_a_non_main_thread(fake_machine, caplog):
+    caplog.set_level(logging.INFO, logger="eaglet.cpu_threads")
+    lines: list[str] = []
+    choice, seen = in_thread(lambda: apply_threads("train", report=lines.append))
+    assert choice.threads == 3 and seen == 3
+    assert lines == [caplog.records[-1].getMessage()]
+    assert lines[0].startswith("train: 3 intra-op threads (3 CPUs in the affinity mask")
+    assert "thread stage-worker" in lines[0]
+    _, seen = in_thread(lambda: apply_threads("train", override=1))
+    assert seen == 1
+
+
+def test_a_callers_torch_setting_is_kept(fake_machine, monkeypatch):
+    monkeypatch.setattr(cpu_threads, "_applied", None)
+    monkeypatch.setattr(cpu_threads, "_torch_defaults", lambda: {4})
+    torch.set_num_threads(2)
+    choice = apply_threads("evaluate")
+    assert (choice.threads, choice.chosen) == (2, False) and "by the caller" in choice.reason
+    assert torch.get_num_threads() == 2
+    assert apply_threads("generate").threads == 2  # still the caller's, at every stage
+    assert apply_threads("train", override=1).threads == 1  # the override still wins
+    assert apply_threads("evaluate").threads == 3  # the override's count was this module's
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """A tiny target and its hidden-states shards (the stage body, run in a worker thread)."""
+    root = tmp_path_factory.mktemp("threads")
+    target = tiny_target(root / "target")
+    write_examples(root / "examples.jsonl", 8, max_len=24)
+    config = PipelineConfig(
+        work_dir=str(root),
+        target=TargetConfig(model=str(target), device="cpu"),
+        hidden_states=HiddenStatesConfig(aux_layer_ids=[1, 3, 5], storage="float32"),
+    )
+    return root, config
+
+
+def test_the_hidden_states_stage_applies_the_choice_in_its_thread(shards, fake_machine):
+    from eaglet.hidden_states.stage import stage_body
+
+    root, config = shards
+    lines: list[str] = []
+    folder = root / "hs"
+    folder.mkdir(exist_ok=True)
+    _, seen = in_thread(lambda: stage_body(config, root / "examples.jsonl", lines.append)(folder))
+    assert seen == 3
+    assert [ln for ln in lines if "intra-op" in ln][0].startswith("hidden_states: 3 intra-op")
+
+
+def test_the_trainer_applies_the_choice_and_the_override_in_its_thread(shards, fake_machine):
+    from eaglet.draft.launch import run_training, train_job
+    from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
+    from eaglet.hidden_states.stage import stage_body
+
+    root, config = shards
+    folder = root / "hs-train"
+    folder.mkdir()
+    stage_body(config, root / "examples.jsonl", lambda _: None)(folder)
+    lines: list[str] = []
+    for threads, expected in ((None, 3), (1, 1)):
+        train = TrainConfig(
+            epochs=1, batch_size=4, draft_vocab_size=64, device="cpu", threads=threads,
+            holdout_fraction=0.0, intermediate_size=32,
+        )  # fmt: skip
+        job = train_job(
+            root / f"run-{threads}", config.target, train, [1, 3, 5],
+            AUX_LAYER_CONVENTION, hidden_states_dir=folder,
+        )  # fmt: skip
+        _, seen = in_thread(lambda job=job: run_training(job, 1, None, lines.append))
+        assert seen == expected
+    chosen = [ln for ln in lines if "intra-op" in ln]
+    assert chosen[0].startswith("train: 3 intra-op threads (3 CPUs")
+    assert chosen[1].startswith("train: 1 intra-op thread (train.threads=1")
+
+
+def test_evaluation_applies_the_choice_in_its_thread(fake_machine, monkeypatch, tmp_path):
+    from eaglet.draft import evaluate
+
+    seen: list[int] = []
+
+    def load_draft(path):
+        seen.append(torch.get_num_threads())
+        raise LookupError("stop here")
+
+    monkeypatch.setattr(evaluate, "load_draft", load_draft)
+    with pytest.raises(LookupError):
+        in_thread(lambda: evaluate.evaluate_draft(tmp_path, tmp_path, [[1, 2]]))
+    assert seen == [3]
+
+
+def test_the_local_engine_applies_the_choice_in_the_consuming_thread(fake_machine, monkeypatch):
+    from eaglet.engines.local import LocalEngine
+
+    engine = LocalEngine.__new__(LocalEngine)  # no model: the batches only record the count
+    engine.batch_size = 2
+    seen: list[tuple[str, int]] = []
+
+    def batch(prompts):
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return prompts
+
+    monkeypatch.setattr(engine, "_generate_batch", batch, raising=False)
+
+    class Prompt:
+        prompt_ids = [1, 2, 3]
+
+    records, _ = in_thread(lambda: list(engine.generate([Prompt(), Prompt(), Prompt()])))
+    assert len(records) == 3 and seen == [("stage-worker", 3), ("stage-worker", 3)]
