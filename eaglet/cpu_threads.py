@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 SPIN_LOAD_LIMIT = 0.25  # with spinning threads, any more load from others than this: 1 thread
-LOAD_SAMPLES, LOAD_INTERVAL_S = 5, 0.01
+LOAD_SAMPLES, LOAD_INTERVAL_S = 10, 0.01  # 0.1 s at each stage's start
 
 # What `quiet_openmp` found when eaglet was imported: "set" (this module set PASSIVE before
 # torch loaded), "user" (the environment already chose), "late" (torch had loaded: libgomp
@@ -145,19 +145,39 @@ def runnable_tasks(loadavg: Path = Path("/proc/loadavg")) -> int | None:
         return None
 
 
+def own_runnable(tasks: Path = Path("/proc/self/task")) -> int:
+    """Threads of this process runnable right now (state R in their stat), the reader
+    included: at least 1."""
+    count = 0
+    try:
+        names = list(tasks.iterdir())
+    except OSError:
+        return 1
+    for task in names:
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        count += bool(fields) and fields[0] == "R"
+    return max(1, count)
+
+
 def others_load(
     read: Callable[[], int | None] = runnable_tasks,
+    own: Callable[[], int] = own_runnable,
     samples: int = LOAD_SAMPLES,
     interval_s: float = LOAD_INTERVAL_S,
 ) -> float:
-    """CPUs other threads keep busy now: the mean of a few readings of the runnable count,
-    less this reading thread. Not the 1-minute load average: it lags by a minute and counts
-    this process's own previous stage."""
+    """CPUs other processes keep busy now: the mean of a few readings of the machine's
+    runnable count less this process's runnable threads (a Prefect task's own log and event
+    threads, busy for a moment as the task starts, are not another process). Not the 1-minute
+    load average: it lags by a minute and counts this process's own previous stage."""
     readings = []
     for i in range(samples):
         value = read()
         if value is not None:
-            readings.append(max(0, value - 1))
+            readings.append(max(0, value - own()))
         if i + 1 < samples:
             time.sleep(interval_s)
     return sum(readings) / len(readings) if readings else 0.0

@@ -22,6 +22,7 @@ from eaglet.cpu_threads import (
     cgroup_cpu_limit,
     choose_threads,
     others_load,
+    own_runnable,
     quiet_openmp,
     set_by_caller,
 )
@@ -153,11 +154,21 @@ def test_cgroup_v1_quota(tmp_path):
     assert cgroup_cpu_limit(tmp_path / "absent", tmp_path / "absent-proc") is None
 
 
-def test_the_load_of_others_leaves_out_the_reader():
+def test_the_load_of_others_leaves_out_this_process():
     readings = iter([3, 4, 2])
-    assert others_load(lambda: next(readings), samples=3, interval_s=0) == 2.0
-    assert others_load(lambda: 1, samples=2, interval_s=0) == 0.0  # only this thread runs
-    assert others_load(lambda: None, samples=2, interval_s=0) == 0.0  # unreadable: none
+    assert others_load(lambda: next(readings), lambda: 1, samples=3, interval_s=0) == 2.0
+    assert others_load(lambda: 1, lambda: 1, samples=2, interval_s=0) == 0.0  # only the reader
+    assert others_load(lambda: 4, lambda: 3, samples=2, interval_s=0) == 1.0  # own threads out
+    assert others_load(lambda: None, lambda: 1, samples=2, interval_s=0) == 0.0  # unreadable
+
+
+def test_own_runnable_threads_are_read_from_their_stat(tmp_path):
+    for tid, state in (("10", "R"), ("11", "S"), ("12", "R"), ("13", "D")):
+        (tmp_path / tid).mkdir()
+        (tmp_path / tid / "stat").write_text(f"{tid} (a (b) c) {state} 1 2 3\n")
+    assert own_runnable(tmp_path) == 2
+    assert own_runnable(tmp_path / "absent") == 1
+    assert own_runnable() >= 1  # this very thread
 
 
 def test_the_wait_policy_is_set_only_before_torch_loads_and_only_when_unset():
