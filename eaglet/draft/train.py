@@ -830,43 +830,52 @@ def save(run: Run) -> None:
 def train_loop(run: Run, progress: Callable[[dict], None] | None = None) -> None:
     """The epochs from `run.step` to `run.stop_at`: a log line (metrics.jsonl, `progress`) every
     `log_every` steps and a checkpoint every `save_every` steps (default: each epoch's end)."""
+    from eaglet import shutdown
+
     c = run.config
     meter = Meter(c.ttt_length)
     order, order_epoch = [], -1
     loop_started, first_step = time.time(), run.step
     run.draft.train()
-    while run.step < run.stop_at:
-        epoch, index = divmod(run.step, run.steps_per_epoch)
-        if epoch != order_epoch:
-            order, order_epoch = epoch_order(run, epoch), epoch
-        lr = run.schedule.get_last_lr()[0]
-        step_started = time.time()
-        meter.add(train_step(run, order[index]))
-        run.step_seconds += time.time() - step_started
-        run.step += 1
+    # SIGINT/SIGTERM (eaglet/shutdown.py) stop the loop between steps, never inside one: a
+    # checkpoint of the step reached, then `Interrupted`; the next run resumes from it.
+    with shutdown.deferred():
+        while run.step < run.stop_at:
+            epoch, index = divmod(run.step, run.steps_per_epoch)
+            if epoch != order_epoch:
+                order, order_epoch = epoch_order(run, epoch), epoch
+            lr = run.schedule.get_last_lr()[0]
+            step_started = time.time()
+            meter.add(train_step(run, order[index]))
+            run.step_seconds += time.time() - step_started
+            run.step += 1
 
-        if run.step % c.log_every == 0 or run.step == run.stop_at:
-            record = meter.flush(run.step, run.total_steps, epoch, lr)
-            per_step = (time.time() - loop_started) / (run.step - first_step)
-            record |= {"stop_at": run.stop_at, "eta_s": per_step * (run.stop_at - run.step)}
-            if run.rank == 0:
-                with run.metrics_path.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
-                log.info(
-                    "step %d/%d loss %.4f acc %s %.0f tok/s ETA %.0f s",
-                    run.step,
-                    run.stop_at,
-                    record["loss"],
-                    [round(a, 3) for a in record["acc"]],
-                    record["tokens_per_s"],
-                    record["eta_s"],
-                )
-                if progress is not None:
-                    progress(record)
-        if run.heldout is not None and run.step % run.steps_per_epoch == 0:  # an epoch's end
-            keep_if_best(run)
-        if run.step % (c.save_every or run.steps_per_epoch) == 0 or run.step == run.stop_at:
-            save(run)
+            if run.step % c.log_every == 0 or run.step == run.stop_at:
+                record = meter.flush(run.step, run.total_steps, epoch, lr)
+                per_step = (time.time() - loop_started) / (run.step - first_step)
+                record |= {"stop_at": run.stop_at, "eta_s": per_step * (run.stop_at - run.step)}
+                if run.rank == 0:
+                    with run.metrics_path.open("a") as f:
+                        f.write(json.dumps(record) + "\n")
+                    log.info(
+                        "step %d/%d loss %.4f acc %s %.0f tok/s ETA %.0f s",
+                        run.step,
+                        run.stop_at,
+                        record["loss"],
+                        [round(a, 3) for a in record["acc"]],
+                        record["tokens_per_s"],
+                        record["eta_s"],
+                    )
+                    if progress is not None:
+                        progress(record)
+            if run.heldout is not None and run.step % run.steps_per_epoch == 0:  # an epoch's end
+                keep_if_best(run)
+            stop = shutdown.requested()  # a signal: the checkpoint of this step, then stop
+            every = c.save_every or run.steps_per_epoch
+            if stop or run.step % every == 0 or run.step == run.stop_at:
+                save(run)
+            if stop:
+                shutdown.raise_if_requested()
     if not (run.draft_dir / "model.safetensors").exists():
         save(run)
     if run.heldout is not None and run.rank == 0 and (run.best_dir / "config.json").exists():
