@@ -7,6 +7,7 @@ and `fixture-model` start fast and the core stays free of Prefect.
 from __future__ import annotations
 
 import argparse
+import atexit
 import ctypes
 import ctypes.util
 import json
@@ -18,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from eaglet.config import STAGES, ConfigError, PipelineConfig, load_config
 from eaglet.run_report import percent, training_line
@@ -41,72 +42,166 @@ def _die_with_parent(parent: int) -> Callable[[], None]:
     return preexec
 
 
-def _start_temporary_prefect_server() -> None:
-    """Without PREFECT_API_URL, Prefect starts a temporary API server in a subprocess for the
-    run and stops it at exit; after a kill -9 it stayed alive. Start that server here, from
-    the main thread (PR_SET_PDEATHSIG follows the thread that forked), so that it dies with
-    this process. Prefect reuses it: the temporary server is one shared instance."""
-    from prefect.settings import (
-        PREFECT_API_URL,
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
-        get_current_settings,
-    )
+class TemporaryPrefectServer:
+    """The Prefect API server of a run started without PREFECT_API_URL: Prefect's own temporary
+    server (uvicorn serving `prefect.server.api.server:create_app`, no UI, the database in
+    PREFECT_HOME), started by eaglet so that
 
-    if PREFECT_API_URL.value():
-        return  # a real server: its module (about 5 s of imports) is not needed
-    from prefect.server.api.server import SubprocessASGIServer
+    - it starts first, before eaglet imports Prefect, the flows and torch (tens of seconds on
+      a loaded machine), and comes up while they load (Prefect's own starts after them, and
+      only when the flow is called);
+    - it is in its own session: a signal to eaglet's process group (Ctrl-C, `timeout`,
+      scancel) leaves it up, so the interrupted flow run is still marked Crashed, and eaglet
+      stops it at exit, after Prefect has sent its last logs;
+    - it dies with eaglet even on kill -9 (PR_SET_PDEATHSIG, set from the main thread: the
+      hook follows the thread that forked).
 
-    class DiesWithParent(SubprocessASGIServer):
-        def _run_uvicorn_command(self) -> subprocess.Popen:
-            # Prefect's own command (prefect/server/api/server.py), plus the preexec hook.
-            import prefect
+    The run uses it as any server at PREFECT_API_URL (set for this process and its children)."""
 
-            settings = get_current_settings().to_environment_variables(exclude_unset=True)
-            return subprocess.Popen(
-                args=[
-                    sys.executable,
-                    "-m",
-                    "uvicorn",
-                    "--app-dir",
-                    str(prefect.__module_path__.parent),
-                    "--factory",
-                    "prefect.server.api.server:create_app",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.port),
-                    "--log-level",
-                    "error",
-                    "--lifespan",
-                    "on",
-                ],
-                env={
-                    **os.environ,
-                    "PREFECT_UI_ENABLED": "0",
-                    "PREFECT__SERVER_EPHEMERAL": "1",
-                    "PREFECT__SERVER_FINAL": "1",
-                    **settings,
-                },
-                preexec_fn=_die_with_parent(os.getpid()),
-            )
+    STARTUP_TIMEOUT_S = 120  # Prefect's 20 s default is short for a busy machine
+    running: ClassVar[list[TemporaryPrefectServer]] = []
 
-    if threading.current_thread() is threading.main_thread():
-        # Prefect's 20 s default is short for a busy machine (its import alone can take that).
-        timeout = max(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value(), 120)
-        DiesWithParent().start(timeout=timeout)  # registers its own stop at exit
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+        self.started = 0.0
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def start(self) -> None:
+        import importlib.util
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        spec = importlib.util.find_spec("prefect")  # its folder, without importing it
+        assert spec is not None and spec.origin is not None
+        app_dir = str(Path(spec.origin).parent.parent)
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "uvicorn", "--app-dir", app_dir,
+                "--factory", "prefect.server.api.server:create_app",
+                "--host", "127.0.0.1", "--port", str(self.port),
+                "--log-level", "error", "--lifespan", "on",
+            ],
+            env={
+                **os.environ,
+                "PREFECT_UI_ENABLED": "0",
+                "PREFECT__SERVER_EPHEMERAL": "1",
+                "PREFECT__SERVER_FINAL": "1",
+            },
+            start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()),
+        )  # fmt: skip
+        if self not in self.running:
+            self.running.append(self)
+            atexit.register(self.stop)  # before Prefect's exit hooks, so it runs after them
+
+    def wait(self) -> None:
+        """Until the server answers /health; a server that exits at start (its port taken
+        meanwhile) is started again on another port."""
+        import httpx
+
+        configured = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "0")
+        timeout = max(float(configured or 0), self.STARTUP_TIMEOUT_S)
+        restarts = 0
+        with httpx.Client(timeout=5) as client:
+            while True:
+                assert self.process is not None
+                if self.process.poll() is not None:
+                    if restarts >= 3:
+                        raise RuntimeError(
+                            f"the temporary Prefect server exited with {self.process.returncode}"
+                            " while starting; set PREFECT_API_URL to a running server instead"
+                        )
+                    restarts += 1
+                    self.start()
+                    continue
+                try:
+                    if client.get(f"{self.api_url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() - self.started > timeout:
+                    raise RuntimeError(
+                        f"the temporary Prefect server did not answer within {timeout:.0f} s; "
+                        "set PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS higher, or "
+                        "PREFECT_API_URL to a running server"
+                    )
+                time.sleep(0.1)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        from eaglet import shutdown
+
+        grace_s = min(grace_s, max(0.5, shutdown.time_left() - 1.5))  # after SIGINT/SIGTERM
+        process, self.process = self.process, None
+        if self in self.running:
+            self.running.remove(self)
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _run_pipeline(
     config: PipelineConfig, until: str, refresh_from: str | None, retry_failed: bool = False
 ) -> dict:
+    from eaglet import shutdown
+
     # Offline clusters are common: Prefect's usage telemetry would only log resolver errors.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from flows.pipeline import pipeline
+    server = None
+    # From the main thread only: PR_SET_PDEATHSIG would fire when another thread exits.
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread and not os.environ.get("PREFECT_API_URL") and not _profile_api_url():
+        server = TemporaryPrefectServer()
+        server.start()  # it comes up while the imports below run
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    _start_temporary_prefect_server()
-    return pipeline(
-        config=config, until=until, refresh_from=refresh_from, retry_failed=retry_failed
-    )
+    from flows.pipeline import pipeline, preflight_ahead
+
+    if server is not None and PREFECT_API_URL.value():  # a server set elsewhere (prefect.toml)
+        server.stop()
+        server = None
+    shutdown.set_stage("the preflight")
+    preflight_ahead(config)  # while the temporary server starts; the flow reports it
+    if server is None:
+        return pipeline(
+            config=config, until=until, refresh_from=refresh_from, retry_failed=retry_failed
+        )
+    server.wait()
+    os.environ["PREFECT_API_URL"] = server.api_url  # for the processes the run starts
+    try:
+        with temporary_settings({PREFECT_API_URL: server.api_url}):
+            return pipeline(
+                config=config, until=until, refresh_from=refresh_from, retry_failed=retry_failed
+            )
+    finally:
+        del os.environ["PREFECT_API_URL"]  # the server stops at exit, after Prefect's hooks
+
+
+def _profile_api_url() -> str | None:
+    """PREFECT_API_URL set in the active Prefect profile (`prefect config set`), read without
+    importing Prefect: a running server the run uses instead of a temporary one."""
+    import tomllib
+
+    home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
+    try:
+        profiles = tomllib.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    name = os.environ.get("PREFECT_PROFILE") or profiles.get("active", "ephemeral")
+    url = profiles.get("profiles", {}).get(name, {}).get("PREFECT_API_URL")
+    return str(url) if url else None
 
 
 def _print_run(result: dict, seconds: float) -> None:
@@ -497,6 +592,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command not in ("demo", "run"):
+        return _run_command(args)
+    from eaglet import shutdown
+
+    # SIGINT/SIGTERM at any moment: a one-line message, exit 130/143 within seconds
+    # (eaglet/shutdown.py); the stage interrupted resumes on the next run.
+    with shutdown.handling():
+        try:
+            return _run_command(args)
+        except shutdown.Interrupted as exc:
+            return _interrupted(exc)
+
+
+def _run_command(args: argparse.Namespace) -> int:
     try:
         return args.handler(args)
     except ConfigError as exc:
@@ -508,6 +617,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         print(_after_failure(args), file=sys.stderr)
         return 1
+
+
+def _interrupted(exc: BaseException) -> int:
+    """After SIGINT/SIGTERM: Prefect's last logs sent (the flow run is already marked
+    Crashed), every process the run started stopped but the temporary Prefect server (it
+    stops at exit, after Prefect's own exit hooks), then the one-line message."""
+    from eaglet import shutdown
+
+    if "prefect" in sys.modules:
+        try:
+            from prefect.logging.handlers import APILogWorker
+
+            APILogWorker.drain_all(timeout=2)
+        except Exception:
+            pass
+    keep = {s.process.pid for s in TemporaryPrefectServer.running if s.process is not None}
+    shutdown.stop_descendants(grace_s=2.0, exclude=keep)
+    print(str(exc), file=sys.stderr)
+    return exc.exit_code if isinstance(exc, shutdown.Interrupted) else 130
 
 
 def _after_failure(args: argparse.Namespace) -> str:

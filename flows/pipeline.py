@@ -10,11 +10,17 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
+from eaglet import shutdown
 from eaglet.config import STAGES, PipelineConfig, Stage, load_config
 from eaglet.preflight import run_preflight
-from eaglet.run_report import start_run_record, write_run_record, write_run_report
+from eaglet.run_report import (
+    failure_entry,
+    start_run_record,
+    write_run_record,
+    write_run_report,
+)
 from eaglet.storage import stage_dir
-from tasks.caching import result_storage_path, stage_failure
+from tasks.caching import partial_folder, result_storage_path, stage_failure
 from tasks.download import download
 from tasks.evaluate import evaluate
 from tasks.extract import extract
@@ -52,6 +58,56 @@ def run_name() -> str:
     return label
 
 
+# config (as JSON) -> the report lines and the error of a preflight run before its flow run
+_AHEAD: dict[str, tuple[list[str], Exception | None]] = {}
+
+
+def preflight_ahead(config: PipelineConfig) -> None:
+    """Run the preflight of `config` now, before its flow run exists: `eaglet run` does, while
+    the temporary Prefect server starts. The flow then reports this outcome (its report lines,
+    its error) instead of running the checks again."""
+    lines: list[str] = []
+    error = None
+    try:
+        run_preflight(config, log=lines.append)
+    except Exception as exc:  # PreflightError, or a check that broke: the flow run raises it
+        error = exc
+    _AHEAD[config.model_dump_json()] = (lines, error)
+
+
+def preflight(config: PipelineConfig) -> None:
+    ahead = _AHEAD.pop(config.model_dump_json(), None)
+    if ahead is None:
+        run_preflight(config)
+        return
+    lines, error = ahead
+    for line in lines:
+        print(line)
+    if error is not None:
+        raise error
+
+
+def interrupted_entry(
+    stage: str, config: PipelineConfig, inputs: dict, exc: BaseException, seconds: float
+) -> dict:
+    """The `run.json` entry of a stage stopped by SIGINT/SIGTERM: its partial folder's files
+    without counting their records (a 10 GB file would take longer than the exit may)."""
+    key, partial = partial_folder(stage, config, inputs)
+    entry = {**failure_entry(key, Path("/nonexistent"), str(exc), seconds), "state": "Crashed"}
+    entry["path"] = str(partial)
+    if partial.is_dir():
+        files = sorted(p for p in partial.rglob("*") if p.is_file())
+        entry["partial"] = {
+            "exists": True,
+            "files": len(files),
+            "bytes": sum(p.stat().st_size for p in files),
+            "listed": [str(p.relative_to(partial)) for p in files[:10]],
+            "records": {},
+            "failed_sample_ids": [],
+        }
+    return entry
+
+
 @flow(name="eaglet-pipeline", flow_run_name=run_name, log_prints=True)
 def pipeline(
     config: PipelineConfig = PipelineConfig(),  # noqa: B008 - the UI form shows these defaults
@@ -69,9 +125,13 @@ def pipeline(
     `WORK_DIR/run_report.md`) is written at the end, also when a stage fails. `retry_failed`
     sends the samples a finished generate stage recorded as failed again, keeping every record
     already written."""
+    # A flow run replaces the SIGTERM handler with Prefect's own for its duration: eaglet's
+    # (`eaglet run`, eaglet/shutdown.py) saves a checkpoint and exits within seconds.
+    shutdown.claim_signals()
+    shutdown.set_stage("the preflight")
     if config_path:
         config = load_config(config_path)
-    run_preflight(config)  # what the config already shows fails here, before any stage
+    preflight(config)  # what the config already shows fails here, before any stage
     work_dir = Path(config.work_dir)
     storage = result_storage_path(config)
     record = start_run_record(config, config_path, until, refresh_from)
@@ -89,7 +149,13 @@ def pipeline(
         )
         if retry:
             inputs["retry_failed"] = True
-        state = task(config, **inputs, refresh=stage == refresh_from, return_state=True)
+        shutdown.set_stage(stage)
+        try:
+            state = task(config, **inputs, refresh=stage == refresh_from, return_state=True)
+        except shutdown.Interrupted as exc:  # SIGINT/SIGTERM: the task run is marked Crashed
+            summary[stage] = interrupted_entry(stage, config, inputs, exc, time.time() - started)
+            write_run_record(work_dir, record)
+            raise
         if not state.is_completed():
             summary[stage] = stage_failure(stage, config, inputs, state, time.time() - started)
             write_run_record(work_dir, record)
@@ -113,6 +179,7 @@ def pipeline(
         online = config.train.hidden_states == "online"  # no shards: train runs the target
         wanted = STAGES.index(until) >= STAGES.index("hidden_states")
         if examples and not online and wanted and config.execution.task_runner == "dask":
+            shutdown.set_stage("hidden_states")
             map_hidden_state_shards(config, examples)  # shard tasks on the cluster first
         features = run("hidden_states", examples=examples) if examples and not online else None
         if online:
@@ -121,6 +188,7 @@ def pipeline(
             draft = run("train", features=features) if features else None
         if draft:
             run("evaluate", draft=draft, prompts=prompts)
+        shutdown.set_stage("the run report")
     finally:
         create_markdown_artifact(
             write_run_report(work_dir),
