@@ -15,9 +15,9 @@
 from __future__ import annotations
 
 import ast
-import re
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
