@@ -226,7 +226,25 @@ def normalise_row(
         tools = None
     if tools is not None and not isinstance(tools, list):
         raise DatasetError(f"{where}: 'tools' must be a list of function schemas")
+    for i, message in enumerate(normalised):
+        _encodable(message, f"{where} message {i}")
+    _encodable(tools, f"{where} tools")
     return normalised, tools
+
+
+def _encodable(value: Any, where: str) -> None:
+    """`RowSkipped` when `value` holds text UTF-8 cannot encode: a lone UTF-16 surrogate,
+    which JSON can spell (a `\\ud800` escape) but no tokenizer or file of eaglet's can take."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start]
+        raise RowSkipped(
+            where,
+            "lone_surrogate",
+            f"the text holds a lone UTF-16 surrogate U+{ord(bad):04X} (a broken \\u escape "
+            "in the file), which is not text",
+        ) from None
 
 
 def _decode(raw: bytes, path: Path, line: int | None = None) -> str:

@@ -168,6 +168,17 @@ def test_row_without_a_user_turn_is_skipped_counted_and_listed(tmp_path):
     assert entry["source"] == "s" and "no user message" in entry["why"]
 
 
+def test_a_lone_surrogate_skips_the_row_naming_line_and_message(tmp_path):
+    path = tmp_path / "d.jsonl"
+    broken = '{"messages": [{"role": "user", "content": "hi \\ud800 there"}]}'
+    path.write_text(json.dumps(GOOD) + "\n" + broken + "\n")
+    counts, rejected, written = download(tmp_path, spec(path))
+    assert counts["records"] == 1 and counts["skipped_lone_surrogate"] == 1
+    [entry] = rejected
+    assert entry["where"].endswith("d.jsonl:2 message 0") and "U+D800" in entry["why"]
+    assert [s.messages[0]["content"] for s in written] == [USER["content"]]
+
+
 def test_text_parts_of_a_list_content_are_kept_and_the_image_counted(tmp_path):
     parts = [
         {"type": "text", "text": "Describe"},
