@@ -111,7 +111,11 @@ def check_datasets(config: PipelineConfig, report: PreflightReport) -> list[int 
     for i, spec in enumerate(config.datasets):
         key = f"datasets[{i}] (source {spec.source!r})"
         if is_hub_dataset(spec.path):
-            report.passed.append(f"{key}: hub dataset {spec.path} (read by the download stage)")
+            problem = hub_dataset_problem(key, spec.path, spec.revision)
+            if problem:
+                report.problems.append(problem)
+            else:
+                report.passed.append(f"{key}: hub dataset {spec.path} (read by the download stage)")
             rows.append(spec.limit)
             continue
         path = Path(spec.path)
@@ -270,6 +274,33 @@ def hub_lookup_problem(model: str, revision: str | None) -> str | None:
             f"target.model={model!r}: no such local folder, and as a hub model id it could not "
             f"be found ({_first_line(exc)}): set target.model to the folder that holds the "
             "model, or check the id, target.revision, the network and HF_TOKEN"
+        )
+
+
+def hub_dataset_problem(key: str, path: str, revision: str | None) -> str | None:
+    """Why the hub dataset `path` cannot be read (not found, or the hub unreachable and no
+    cached copy), in one look of HUB_TIMEOUT_S; None when it can. Offline mode trusts the
+    cache."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return None
+    try:
+        huggingface_hub.dataset_info(path, revision=revision, timeout=HUB_TIMEOUT_S)
+        return None
+    except Exception as exc:
+        try:
+            huggingface_hub.snapshot_download(
+                path, repo_type="dataset", revision=revision, local_files_only=True
+            )
+            return None  # cached: the download stage reads the copy
+        except Exception:
+            pass
+        return (
+            f"{key}: {path!r} is no local file, and as a hub dataset id it could not be found "
+            f"({_first_line(exc)}): give a local .json/.jsonl/.parquet file, or check the id, "
+            "the network and HF_TOKEN (HF_HUB_OFFLINE=1 reads only the local cache)"
         )
 
 

@@ -374,3 +374,18 @@ def test_an_unreachable_dask_scheduler_is_named(setup):
 def test_cuda_on_a_machine_without_one_is_named(setup):
     problems = run(setup, train__device="cuda")
     assert any(p.startswith("train.device=cuda") for p in problems), problems
+
+
+def test_a_hub_dataset_that_cannot_be_reached_is_named_within_seconds(setup, monkeypatch):
+    """No network here: the hub lookup fails at once (it used to be retried for 80 s by the
+    download stage)."""
+    import time
+
+    monkeypatch.setenv("HF_ENDPOINT", dead_url())  # nothing answers there, on any machine
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", dead_url())
+    started = time.monotonic()
+    problems = run(setup, datasets=[{"source": "hub", "path": "org/no-such-set"}])
+    assert any(
+        p.startswith("datasets[0] (source 'hub')") and "org/no-such-set" in p for p in problems
+    ), problems
+    assert time.monotonic() - started < 60
