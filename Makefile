@@ -24,16 +24,23 @@ lint: install
 
 # The vLLM venv installs beside the project venv and lint, and the fixture model (about 4 min of
 # one core) builds beside the rest of that install; the model is then handed to the tests
-# (tests/conftest.py reuses EAGLET_TEST_FIXTURE_MODEL).
+# (tests/conftest.py reuses EAGLET_TEST_FIXTURE_MODEL). After `make demo` the demo's model is
+# that same model (seed 0): it is reused instead of built again.
+DEMO_MODEL := runs/demo/models/fixture
 test:
 	@log="$$(mktemp -d)"; fixture="$$log/fixture-model"; \
 	$(MAKE) vllm-venv > "$$log/vllm-venv.log" 2>&1 & venv=$$!; \
 	$(MAKE) lint || { kill $$venv; exit 1; }; \
-	echo "building the fixture model beside the vLLM venv's install: $$fixture"; \
-	$(BIN)/eaglet fixture-model "$$fixture" > "$$fixture.log" 2>&1 & build=$$!; \
+	if [ -f $(DEMO_MODEL)/config.json ] && [ -f $(DEMO_MODEL)/model.safetensors ]; then \
+	  fixture="$$PWD/$(DEMO_MODEL)"; echo "the tests use the demo's fixture model: $$fixture"; \
+	  build=; \
+	else \
+	  echo "building the fixture model beside the vLLM venv's install: $$fixture"; \
+	  $(BIN)/eaglet fixture-model "$$fixture" > "$$fixture.log" 2>&1 & build=$$!; \
+	fi; \
 	wait $$venv || { cat "$$log/vllm-venv.log"; exit 1; }; \
-	wait $$build || { cat "$$fixture.log"; exit 1; }; \
-	tail -1 "$$fixture.log"; \
+	if [ -n "$$build" ]; then wait $$build || { cat "$$fixture.log"; exit 1; }; \
+	  tail -1 "$$fixture.log"; fi; \
 	EAGLET_TEST_FIXTURE_MODEL="$$fixture" $(BIN)/python -m pytest -q --durations=25
 
 test-fast: install
