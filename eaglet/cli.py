@@ -21,9 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+from eaglet import work_dir_lock
 from eaglet.config import STAGES, ConfigError, PipelineConfig, load_config
 from eaglet.run_report import percent, training_line
 from eaglet.storage import PARTIAL_SUFFIX, Manifest, ManifestError, read_manifest, verify_files
+
+# `eaglet run`/`demo` on a work dir another run holds: EX_TEMPFAIL, try again later.
+WORK_DIR_LOCKED_EXIT = 75
 
 
 def _die_with_parent(parent: int) -> Callable[[], None]:
@@ -242,8 +246,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     started = time.time()
     config = demo_config(Path(args.work_dir), args.set)
-    ensure_demo_inputs(config)
-    result = _run_pipeline(config, "evaluate", args.refresh_from)
+    with work_dir_lock.held(config.work_dir):  # a second run fails here, before any start-up
+        ensure_demo_inputs(config)
+        result = _run_pipeline(config, "evaluate", args.refresh_from)
     _print_run(result, time.time() - started)
     stages = result["stages"]
     print(f"draft model:  {Path(stages['train']['path']) / 'draft'}")
@@ -260,7 +265,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     started = time.time()
     config = load_config(args.config, args.set)
     args.run_started, args.loaded_config = started, config  # for main's error report
-    result = _run_pipeline(config, args.until, args.refresh_from, args.retry_failed)
+    with work_dir_lock.held(config.work_dir):  # a second run fails here, before any start-up
+        result = _run_pipeline(config, args.until, args.refresh_from, args.retry_failed)
     _print_run(result, time.time() - started)
     if result["evaluation"]:
         print(f"acceptance length tau = {result['evaluation']['tau']:.3f}")
@@ -368,8 +374,10 @@ def _stage_status(
     if chosen is None and complete:
         chosen = max(complete, key=lambda m: m.finished)
     newest_partial = max(partials, key=lambda p: p.stat().st_mtime, default=None)
+    # The folder the last run used wins; a newer partial folder only where no run names one.
+    used = chosen is not None and chosen.key == wanted
     if newest_partial is not None and (
-        chosen is None or newest_partial.stat().st_mtime > chosen.finished
+        chosen is None or (not used and newest_partial.stat().st_mtime > chosen.finished)
     ):
         key = newest_partial.name[: -len(PARTIAL_SUFFIX)]
         return {
@@ -484,8 +492,20 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if not work_dir.is_dir():
         print(f"no such work dir: {work_dir}", file=sys.stderr)
         return 2
+    if not (work_dir / "run.json").exists() and not any(
+        (work_dir / stage).is_dir() for stage in STAGES
+    ):
+        print(
+            f"{work_dir} is not an eaglet work dir (no run.json and no stage folder: "
+            f"{', '.join(STAGES)}); pass the config's work_dir",
+            file=sys.stderr,
+        )
+        return 2
+    if args.sample is not None and not args.sample.strip():
+        print("--sample needs a sample id (e.g. arith-00001)", file=sys.stderr)
+        return 2
     report = inspect_work_dir(work_dir, "full" if args.verify else "size")
-    if args.sample:
+    if args.sample is not None:
         return show_sample(report, args.sample)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
@@ -611,6 +631,9 @@ def _run_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except work_dir_lock.WorkDirLocked as exc:  # nothing ran; the holder's run is untouched
+        print(f"error: {exc}", file=sys.stderr)
+        return WORK_DIR_LOCKED_EXIT
     except Exception as exc:  # a failed stage: its message says what and where
         if args.command not in ("demo", "run"):
             raise
@@ -620,22 +643,31 @@ def _run_command(args: argparse.Namespace) -> int:
 
 
 def _interrupted(exc: BaseException) -> int:
-    """After SIGINT/SIGTERM: Prefect's last logs sent (the flow run is already marked
-    Crashed), every process the run started stopped but the temporary Prefect server (it
-    stops at exit, after Prefect's own exit hooks), then the one-line message."""
+    """After SIGINT/SIGTERM (the flow run is already marked Crashed): Prefect's last logs sent,
+    every process the run started stopped (the temporary Prefect server last), the one-line
+    message, and the exit. The interpreter's own exit is skipped (`os._exit`): a stage's
+    helper thread may still be inside torch, and finalizing the interpreter under it aborts
+    the process ("terminate called without an active exception", SIGABRT)."""
     from eaglet import shutdown
 
     if "prefect" in sys.modules:
         try:
             from prefect.logging.handlers import APILogWorker
 
-            APILogWorker.drain_all(timeout=2)
+            APILogWorker.drain_all(timeout=min(2.0, shutdown.time_left() / 4))
         except Exception:
             pass
-    keep = {s.process.pid for s in TemporaryPrefectServer.running if s.process is not None}
-    shutdown.stop_descendants(grace_s=2.0, exclude=keep)
+    servers = {s.process.pid for s in TemporaryPrefectServer.running if s.process is not None}
+    shutdown.stop_descendants(grace_s=min(2.0, shutdown.time_left() / 4), exclude=servers)
+    for server in list(TemporaryPrefectServer.running):
+        server.stop()
+    shutdown.stop_descendants(grace_s=0.5)  # anything the server left
+    code = exc.exit_code if isinstance(exc, shutdown.Interrupted) else 130
     print(str(exc), file=sys.stderr)
-    return exc.exit_code if isinstance(exc, shutdown.Interrupted) else 130
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+    return code  # unreachable
 
 
 def _after_failure(args: argparse.Namespace) -> str:

@@ -28,6 +28,8 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,3 +159,18 @@ def took_over_message(work_dir: str | Path, previous: dict[str, Any]) -> str:
         f"work dir {work_dir}: took over the lock of a run that ended without releasing it "
         f"({describe(previous)}; no longer running): its unfinished stage resumes"
     )
+
+
+@contextmanager
+def held(
+    work_dir: str | Path, flow_run: str | None = None, log: Callable[[str], None] = print
+) -> Iterator[None]:
+    """Hold the work dir's lock for the block (`eaglet run`/`demo`, and the flow itself); a
+    lock a dead run left is taken over and `log` says so."""
+    previous = acquire(work_dir, flow_run)
+    if previous is not None:
+        log(took_over_message(work_dir, previous))
+    try:
+        yield
+    finally:
+        release(work_dir)

@@ -10,7 +10,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from eaglet import shutdown
+from eaglet import shutdown, work_dir_lock
 from eaglet.config import STAGES, PipelineConfig, Stage, load_config
 from eaglet.preflight import run_preflight
 from eaglet.run_report import (
@@ -131,6 +131,21 @@ def pipeline(
     shutdown.set_stage("the preflight")
     if config_path:
         config = load_config(config_path)
+    # One run per work dir: a second one (a double click, a schedule overlapping a run) fails
+    # here naming the holder; `eaglet run` took the lock already and takes it again.
+    with work_dir_lock.held(config.work_dir, flow_run=str(flow_run.id)):
+        return run_stages(config, config_path, until, refresh_from, retry_failed)
+
+
+def run_stages(
+    config: PipelineConfig,
+    config_path: str | None,
+    until: Stage,
+    refresh_from: Stage | None,
+    retry_failed: bool,
+) -> dict:
+    """The flow's body, under the work dir's lock: the preflight, each stage up to `until`,
+    the run report."""
     preflight(config)  # what the config already shows fails here, before any stage
     work_dir = Path(config.work_dir)
     storage = result_storage_path(config)

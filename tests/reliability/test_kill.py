@@ -32,7 +32,7 @@ from tests.reliability.conftest import (
     wait_for_no_marked_processes,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 # One seed in CI (seven kills, one per stage, ~2 min); more with EAGLET_KILL_SEEDS="1 2 3".
 SEEDS = [int(seed) for seed in os.environ.get("EAGLET_KILL_SEEDS", "1").split()]
@@ -231,14 +231,18 @@ def test_sigkill_inside_every_stage_then_rerun_equals_an_uninterrupted_run(
     # few milliseconds. At least one long stage is killed inside its partial folder.
     assert {"generate", "hidden_states", "train"} & set(inside), kills
 
-    process, marker = start_run(args, tmp_path, tmp_path / "run.log")
+    log = tmp_path / "run.log"
+    offset = log.stat().st_size if log.exists() else 0
+    process, marker = start_run(args, tmp_path, log)
     try:
-        assert process.wait(timeout=RUN_TIMEOUT_S) == 0, (tmp_path / "run.log").read_text()[-4000:]
+        assert process.wait(timeout=RUN_TIMEOUT_S) == 0, log.read_text()[-4000:]
         assert not wait_for_no_marked_processes(marker), "processes outlived a finished run"
     finally:
         if process.poll() is None:
             kill_group(process)
         kill_marked(marker)
+    # The killed run's work-dir lock was taken over, and the run said so.
+    assert "took over the lock of a run that ended" in log.read_bytes()[offset:].decode()
 
     work_dir = tmp_path / "work"
     assert not temporary_leftovers(work_dir), temporary_leftovers(work_dir)
