@@ -18,6 +18,7 @@ from eaglet.errors import PermanentError
 from eaglet.records.io import read_jsonl, record_line
 from eaglet.records.prompts import Prompt
 from eaglet.records.samples import Sample
+from eaglet.storage import finished_folder
 
 
 class PromptError(PermanentError, ValueError):
@@ -119,6 +120,32 @@ def length_problem(
     return None
 
 
+def longest_token_chars(tokenizer: Any) -> int:
+    """The most characters one token stands for: the longest entry of the vocabulary (a
+    byte-level entry has one character per byte, never fewer than the text it decodes to)."""
+    return max((len(token) for token in tokenizer.get_vocab()), default=1)
+
+
+def too_many_characters(sample: Sample, max_tokens: int, longest_token: int) -> str | None:
+    """Why `sample` is over `max_tokens` before it is tokenized (a 20 MB message would take
+    the tokenizer half a minute), or None. Counts the text of user, system and tool messages,
+    which every chat template keeps whole; the prompt has at least chars / `longest_token`
+    tokens."""
+    chars = sum(
+        len(message["content"])
+        for message in sample.messages
+        if message.get("role") in ("user", "system", "tool")
+        and isinstance(message.get("content"), str)
+    )
+    if chars <= max_tokens * longest_token:
+        return None
+    return (
+        f"sample {sample.sample_id} ({sample.source}): its messages hold {chars} characters, "
+        f"at least {chars // longest_token} tokens (the longest token has {longest_token} "
+        f"characters), over tokenize.max_prompt_tokens={max_tokens}; not tokenized"
+    )
+
+
 def write_prompts(
     samples_path: Path,
     folder: Path,
@@ -130,19 +157,24 @@ def write_prompts(
     that cannot be templated or does not fit, with its kind and reason, to `rejected.jsonl`.
     Returns the manifest counts and a warning to log (None when nothing was left out)."""
     counts = {"records": 0, "rejected": 0, "too_long": 0, "over_context": 0}
+    longest_token = longest_token_chars(tokenizer)
     with (
         open(folder / "prompts.jsonl", "w", encoding="utf-8") as out,
         open(folder / "rejected.jsonl", "w", encoding="utf-8") as rejects,
     ):
         for sample in read_jsonl(samples_path, Sample):
-            try:
-                prompt = render_prompt(
-                    sample, tokenizer, tokenize.chat_template_kwargs, tokenize.regenerate
-                )
-            except PromptError as exc:
-                problem: tuple[str, str] | None = ("template", str(exc))
+            problem: tuple[str, str] | None = None
+            if why := too_many_characters(sample, tokenize.max_prompt_tokens, longest_token):
+                problem = ("too_long", why)
             else:
-                problem = length_problem(prompt, tokenize.max_prompt_tokens, context)
+                try:
+                    prompt = render_prompt(
+                        sample, tokenizer, tokenize.chat_template_kwargs, tokenize.regenerate
+                    )
+                except PromptError as exc:
+                    problem = ("template", str(exc))
+                else:
+                    problem = length_problem(prompt, tokenize.max_prompt_tokens, context)
             if problem is not None:
                 counts["rejected" if problem[0] == "template" else problem[0]] += 1
                 entry = {"sample_id": sample.sample_id, "kind": problem[0], "why": problem[1]}
@@ -156,5 +188,5 @@ def write_prompts(
         f"{counts['rejected']} samples could not be templated, {counts['over_context']} were "
         f"longer than the model's context ({context} tokens) and {counts['too_long']} over "
         f"{tokenize.max_prompt_tokens} prompt tokens; their ids and reasons are in "
-        f"{folder / 'rejected.jsonl'}"
+        f"{finished_folder(folder) / 'rejected.jsonl'}"
     )

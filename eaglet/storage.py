@@ -271,6 +271,12 @@ def stage_folder(work_dir: Path, stage: str, key: str) -> Path:
     return Path(work_dir).resolve() / stage / key
 
 
+def finished_folder(folder: Path) -> Path:
+    """Where a stage's `.partial` folder will be once it finishes (what a message should
+    name: the partial folder is gone by the time a person reads it)."""
+    return folder.with_name(folder.name.removesuffix(PARTIAL_SUFFIX))
+
+
 @dataclass
 class StageOutput:
     """What a stage body reports back: record counts and stage-specific figures."""

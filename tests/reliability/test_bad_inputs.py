@@ -275,6 +275,33 @@ def test_a_prompt_over_max_prompt_tokens_is_skipped_with_its_length(tmp_path, to
     assert "over tokenize.max_prompt_tokens=32" in entry["why"]
 
 
+def test_a_20_mb_message_is_rejected_without_tokenizing_naming_the_finished_folder(
+    tmp_path, tokenizer, monkeypatch
+):
+    import eaglet.prompts
+
+    huge = Sample(
+        sample_id="huge", source="s", messages=[{"role": "user", "content": "x" * 20_000_000}]
+    )
+    rendered = []
+    original = eaglet.prompts.render_prompt
+    monkeypatch.setattr(
+        eaglet.prompts,
+        "render_prompt",
+        lambda s, *a: rendered.append(s.sample_id) or original(s, *a),
+    )
+    partial = tmp_path / "k1.partial"
+    partial.mkdir()
+    source = tmp_path / "samples.jsonl"
+    write_jsonl(source, [sample("short", 1), huge])
+    counts, warning = write_prompts(source, partial, tokenizer, TokenizeConfig(), None)
+    assert rendered == ["short"] and counts["too_long"] == 1  # the huge one never tokenized
+    [entry] = [json.loads(line) for line in (partial / "rejected.jsonl").read_text().splitlines()]
+    assert entry["sample_id"] == "huge" and "20000000 characters" in entry["why"]
+    assert "over tokenize.max_prompt_tokens=768" in entry["why"]
+    assert str(tmp_path / "k1" / "rejected.jsonl") in warning and ".partial" not in warning
+
+
 def test_a_sample_that_cannot_be_templated_is_rejected_with_its_id(tmp_path, tokenizer):
     counts, _, [entry], kept = tokenize(tmp_path, tokenizer, [sample("sys", 1, "system")], None)
     assert kept == [] and counts["rejected"] == 1 and entry["kind"] == "template"
@@ -518,6 +545,35 @@ def test_inspect_verify_hashes_what_sizes_cannot_see(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["stages"]["download"]["status"] == "complete"
     main(["inspect", str(work_dir), "--json", "--verify"])
     assert json.loads(capsys.readouterr().out)["stages"]["download"]["status"] == "corrupt"
+
+
+def test_inspect_refuses_a_folder_that_is_not_a_work_dir_and_an_empty_sample(tmp_path, capsys):
+    from eaglet.cli import main
+
+    (tmp_path / "notes.txt").write_text("not a work dir")
+    assert main(["inspect", str(tmp_path)]) == 2
+    assert "is not an eaglet work dir" in capsys.readouterr().err
+    work_dir = tmp_path / "work"
+    finished_stage(work_dir, "extract", "e1")
+    assert main(["inspect", str(work_dir), "--sample", ""]) == 2
+    assert "--sample needs a sample id" in capsys.readouterr().err
+
+
+def test_inspect_shows_the_folder_the_run_used_not_a_newer_stray_partial(tmp_path, capsys):
+    from eaglet.cli import main
+
+    work_dir = tmp_path / "work"
+    finished_stage(work_dir, "generate", "g1")
+    (work_dir / "run.json").write_text(json.dumps({"stages": {"generate": {"key": "g1"}}}))
+    (work_dir / "generate" / "g2.partial").mkdir()  # newer, left by some other try
+    main(["inspect", str(work_dir), "--json"])
+    generate = json.loads(capsys.readouterr().out)["stages"]["generate"]
+    assert generate["status"] == "complete" and generate["key"] == "g1"
+    # A run interrupted inside the stage names the partial's key: then it shows partial.
+    (work_dir / "run.json").write_text(json.dumps({"stages": {"generate": {"key": "g2"}}}))
+    main(["inspect", str(work_dir), "--json"])
+    generate = json.loads(capsys.readouterr().out)["stages"]["generate"]
+    assert generate["status"] == "partial" and generate["key"] == "g2"
 
 
 def test_manifests_name_their_folder_relative_to_the_work_dir(tmp_path):
