@@ -273,6 +273,10 @@ def _arm_watchdog() -> None:
             _signal_all([p for p in descendants() if _pgid(p) == group], _state.signum)
         time.sleep(max(0.0, started + _state.deadline_s - time.monotonic()))
         if _state.at == started:  # not a later handling() (tests)
+            if os.environ.get("EAGLET_SHUTDOWN_DEBUG"):
+                import faulthandler
+
+                faulthandler.dump_traceback(all_threads=True)
             _exit_now(_state.signum or signal.SIGTERM, f" (still stopping after "
                       f"{_state.deadline_s:.0f} s: stopped at once)")  # fmt: skip
 
