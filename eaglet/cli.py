@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 from eaglet import work_dir_lock
 from eaglet.config import STAGES, ConfigError, PipelineConfig, load_config
+from eaglet.preflight import PreflightError, run_preflight_ahead
 from eaglet.run_report import percent, training_line
 from eaglet.storage import PARTIAL_SUFFIX, Manifest, ManifestError, read_manifest, verify_files
 
@@ -168,15 +169,20 @@ def _run_pipeline(
     if main_thread and not os.environ.get("PREFECT_API_URL") and not _profile_api_url():
         server = TemporaryPrefectServer()
         server.start()  # it comes up while the imports below run
+    shutdown.set_stage("the preflight")
+    try:
+        run_preflight_ahead(config)  # a problem fails here in seconds, no flow run started
+    except PreflightError:
+        if server is not None:
+            server.stop()
+        raise
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.pipeline import pipeline, preflight_ahead
+    from flows.pipeline import pipeline
 
     if server is not None and PREFECT_API_URL.value():  # a server set elsewhere (prefect.toml)
         server.stop()
         server = None
-    shutdown.set_stage("the preflight")
-    preflight_ahead(config)  # while the temporary server starts; the flow reports it
     if server is None:
         return pipeline(
             config=config, until=until, refresh_from=refresh_from, retry_failed=retry_failed
@@ -629,6 +635,9 @@ def _run_command(args: argparse.Namespace) -> int:
     try:
         return args.handler(args)
     except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except PreflightError as exc:  # the config cannot run; nothing ran
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except work_dir_lock.WorkDirLocked as exc:  # nothing ran; the holder's run is untouched

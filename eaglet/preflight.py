@@ -668,3 +668,25 @@ def run_preflight(config: PipelineConfig, log=print) -> PreflightReport:
     log(report.render())
     report.raise_if_failed()
     return report
+
+
+# config (as JSON) -> the report lines of a preflight that passed before its flow run existed
+_PASSED_AHEAD: dict[str, list[str]] = {}
+
+
+def run_preflight_ahead(config: PipelineConfig) -> None:
+    """`eaglet run`'s preflight, before Prefect loads and while its temporary server starts:
+    a problem raises `PreflightError` in seconds, its report printed first; a pass is kept
+    for the flow to log (`take_passed_ahead`) instead of checking again."""
+    lines: list[str] = []
+    try:
+        run_preflight(config, log=lines.append)
+    except PreflightError:
+        print("\n".join(lines))
+        raise
+    _PASSED_AHEAD[config.model_dump_json()] = lines
+
+
+def take_passed_ahead(config: PipelineConfig) -> list[str] | None:
+    """The report lines of `config`'s preflight when `run_preflight_ahead` passed it, once."""
+    return _PASSED_AHEAD.pop(config.model_dump_json(), None)

@@ -12,7 +12,7 @@ from prefect.runtime import flow_run
 
 from eaglet import shutdown, work_dir_lock
 from eaglet.config import STAGES, PipelineConfig, Stage, load_config
-from eaglet.preflight import run_preflight
+from eaglet.preflight import run_preflight, take_passed_ahead
 from eaglet.run_report import (
     failure_entry,
     start_run_record,
@@ -58,33 +58,15 @@ def run_name() -> str:
     return label
 
 
-# config (as JSON) -> the report lines and the error of a preflight run before its flow run
-_AHEAD: dict[str, tuple[list[str], Exception | None]] = {}
-
-
-def preflight_ahead(config: PipelineConfig) -> None:
-    """Run the preflight of `config` now, before its flow run exists: `eaglet run` does, while
-    the temporary Prefect server starts. The flow then reports this outcome (its report lines,
-    its error) instead of running the checks again."""
-    lines: list[str] = []
-    error = None
-    try:
-        run_preflight(config, log=lines.append)
-    except Exception as exc:  # PreflightError, or a check that broke: the flow run raises it
-        error = exc
-    _AHEAD[config.model_dump_json()] = (lines, error)
-
-
 def preflight(config: PipelineConfig) -> None:
-    ahead = _AHEAD.pop(config.model_dump_json(), None)
-    if ahead is None:
+    """The preflight's report in the flow's log: the one `eaglet run` passed before the flow
+    run existed, or a run of the checks now (the UI's runs)."""
+    lines = take_passed_ahead(config)
+    if lines is None:
         run_preflight(config)
         return
-    lines, error = ahead
     for line in lines:
         print(line)
-    if error is not None:
-        raise error
 
 
 def interrupted_entry(

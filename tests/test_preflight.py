@@ -389,3 +389,24 @@ def test_a_hub_dataset_that_cannot_be_reached_is_named_within_seconds(setup, mon
         p.startswith("datasets[0] (source 'hub')") and "org/no-such-set" in p for p in problems
     ), problems
     assert time.monotonic() - started < 60
+
+
+def test_eaglet_run_fails_its_preflight_before_any_flow_run_exit_2(tmp_path):
+    """A config the preflight refuses ends `eaglet run` before Prefect loads: exit 2, the
+    problem named, no traceback, no flow run created in the Prefect server."""
+    import httpx
+
+    from tests.conftest import SharedPrefectServer, run_cli
+
+    config = tmp_path / "config.yaml"
+    config.write_text(f"name: preflight-fast\nwork_dir: {tmp_path / 'work'}\n")
+    result = run_cli(["run", str(config), "--set", f"target.model={tmp_path / 'absent'}"])
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"target.model: folder {tmp_path / 'absent'} not found" in result.stderr
+    assert "Traceback" not in result.stderr
+    runs = httpx.post(
+        f"{SharedPrefectServer.api_url()}/flow_runs/filter",
+        json={"flow_runs": {"name": {"any_": ["pipeline[preflight-fast]"]}}},
+        timeout=30,
+    ).json()
+    assert runs == []
