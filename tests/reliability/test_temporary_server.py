@@ -74,3 +74,50 @@ def test_kill_9_of_eaglet_run_takes_the_temporary_prefect_server_with_it(
             os.killpg(run.pid, signal.SIGKILL)
             run.wait()
         kill_marked(marker)
+
+
+@pytest.mark.slow
+@pytest.mark.serial  # it loads every CPU on purpose
+def test_dask_workers_use_the_runs_temporary_server_on_a_loaded_machine(
+    tmp_path, fixture_model_dir, sample_data_dir
+):
+    """`execution.task_runner: dask` with the temporary server: the hidden_states shard tasks
+    on two Dask worker processes report to the run's one server (none starts its own), with
+    a busy loop per CPU beside them; nothing outlives the run."""
+    from tests.conftest import small_run_overrides
+    from tests.reliability.conftest import kill_group, start_run
+
+    config = tmp_path / "config.yaml"
+    config.write_text("name: dask-temporary\n")
+    args = ["run", str(config), "--until", "hidden_states"]
+    overrides = small_run_overrides(tmp_path / "work", fixture_model_dir, sample_data_dir)
+    for override in [*overrides, "execution.task_runner=dask", "execution.dask_workers=2"]:
+        args += ["--set", override]
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(os.cpu_count() or 1)
+    ]
+    env = {"PREFECT_API_URL": None, "PREFECT_HOME": str(tmp_path / "prefect")}
+    run, marker = start_run(args, tmp_path, tmp_path / "run.log", env)
+    servers_seen: set[int] = set()
+    workers_seen = 0
+    try:
+        deadline = time.monotonic() + 900
+        while run.poll() is None and time.monotonic() < deadline:
+            lines = {pid: cmdline(pid) for pid in marked_processes(marker)}
+            servers_seen |= {p for p, c in lines.items() if "prefect.server.api.server" in c}
+            workers_seen = max(workers_seen, sum("multiprocessing" in c for c in lines.values()))
+            time.sleep(0.2)
+        assert run.wait(timeout=5) == 0, (tmp_path / "run.log").read_text()[-4000:]
+        assert wait_for_none(marker, timeout_s=30) == [], "a process outlived the run"
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+        if run.poll() is None:
+            kill_group(run)
+        kill_marked(marker)
+    log = (tmp_path / "run.log").read_text()
+    assert "Timed out while attempting to connect to ephemeral" not in log
+    assert len(servers_seen) == 1, f"{len(servers_seen)} Prefect servers: {servers_seen}"
+    assert workers_seen >= 2, "the Dask cluster's worker processes never ran"
