@@ -22,17 +22,21 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# The vLLM venv installs beside the project venv and lint, and the fixture model (about 4 min of
-# one core) builds beside the rest of that install; the model is then handed to the tests
-# (tests/conftest.py reuses EAGLET_TEST_FIXTURE_MODEL). After `make demo` the demo's model is
-# that same model (seed 0): it is reused instead of built again.
+# The tests' fixture model is the demo's (same seed 0) once `make demo` built it; otherwise it
+# builds (about 4 min of one core) beside the vLLM venv's install and is handed to the tests
+# (tests/conftest.py reuses EAGLET_TEST_FIXTURE_MODEL). The suite runs on $(WORKERS) pytest-xdist
+# workers (a module's tests stay on one worker, so a module's vLLM server starts once), then the
+# tests marked `serial` (they bound seconds or signal process groups) run alone.
 DEMO_MODEL := runs/demo/models/fixture
+WORKERS ?= 2
+PARALLEL := -n $(WORKERS) --dist loadfile
+DEMO_FIXTURE = $(if $(wildcard $(DEMO_MODEL)/model.safetensors),EAGLET_TEST_FIXTURE_MODEL=$(CURDIR)/$(DEMO_MODEL))
 test:
 	@log="$$(mktemp -d)"; fixture="$$log/fixture-model"; \
 	$(MAKE) vllm-venv > "$$log/vllm-venv.log" 2>&1 & venv=$$!; \
 	$(MAKE) lint || { kill $$venv; exit 1; }; \
 	if [ -f $(DEMO_MODEL)/config.json ] && [ -f $(DEMO_MODEL)/model.safetensors ]; then \
-	  fixture="$$PWD/$(DEMO_MODEL)"; echo "the tests use the demo's fixture model: $$fixture"; \
+	  fixture="$(CURDIR)/$(DEMO_MODEL)"; echo "the tests use the demo's fixture model: $$fixture"; \
 	  build=; \
 	else \
 	  echo "building the fixture model beside the vLLM venv's install: $$fixture"; \
@@ -41,10 +45,16 @@ test:
 	wait $$venv || { cat "$$log/vllm-venv.log"; exit 1; }; \
 	if [ -n "$$build" ]; then wait $$build || { cat "$$fixture.log"; exit 1; }; \
 	  tail -1 "$$fixture.log"; fi; \
-	EAGLET_TEST_FIXTURE_MODEL="$$fixture" $(BIN)/python -m pytest -q --durations=25
+	export EAGLET_TEST_FIXTURE_MODEL="$$fixture"; \
+	$(BIN)/python -m pytest -q $(PARALLEL) -m "not serial" --durations=20 && \
+	$(BIN)/python -m pytest -q -m serial --durations=10
 
+# The fast suite: no `slow`, `vllm` or `browser` test (no pipeline run, no server venv, no
+# Chromium); the demo's fixture model is reused when `make demo` built it.
+FAST := not slow and not vllm and not browser
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow and not vllm and not browser"
+	$(DEMO_FIXTURE) $(BIN)/python -m pytest -q $(PARALLEL) -m "$(FAST) and not serial" && \
+	$(DEMO_FIXTURE) $(BIN)/python -m pytest -q -m "$(FAST) and serial"
 
 # vLLM's CPU build in its own venv (its pins differ from ours); used by tests marked `vllm`.
 # The stamp file is written last, so an install cut short is redone.

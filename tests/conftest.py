@@ -1,12 +1,14 @@
 """Shared fixtures: the fixture target model (built once per session) and the sample data.
 
 Set EAGLET_TEST_FIXTURE_MODEL to a folder built by `eaglet fixture-model` to reuse it across
-sessions while developing; CI builds it fresh.
+sessions (`make test` hands over the demo's, or builds one beside the vLLM venv's install).
+Under pytest-xdist the workers share one build.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -34,7 +36,16 @@ def fixture_model_dir(tmp_path_factory) -> Path:
         return Path(reuse)
     from eaglet.fixture.model import build_fixture_model
 
-    return build_fixture_model(tmp_path_factory.mktemp("fixture") / "model", seed=0)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return build_fixture_model(tmp_path_factory.mktemp("fixture") / "model", seed=0)
+    # pytest-xdist: the first worker builds it in the folder all workers share, the others wait.
+    shared = tmp_path_factory.getbasetemp().parent / "fixture-model"
+    with open(shared.parent / "fixture-model.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (shared / "model.safetensors").exists():
+            shutil.rmtree(shared, ignore_errors=True)  # a build cut short
+            build_fixture_model(shared, seed=0)
+    return shared
 
 
 @pytest.fixture(scope="session")

@@ -56,6 +56,7 @@ def shard_bytes(folder: Path) -> dict[str, bytes]:
     return {name: (folder / name).read_bytes() for name in names}
 
 
+@pytest.mark.slow  # real processes end to end
 def test_two_dask_workers_build_the_serial_runs_shards(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     model = tiny_target(tmp_path / "model")

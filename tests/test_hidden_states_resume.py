@@ -60,6 +60,7 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
     return {name: (folder / name).read_bytes() for name in names}
 
 
+@pytest.mark.slow  # real processes end to end
 def test_kill_9_at_random_points_then_rerun_gives_the_uninterrupted_bytes(target_dir, tmp_path):
     examples = tmp_path / "examples.jsonl"
     write_examples(examples, 60, seed=1)

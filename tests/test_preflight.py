@@ -391,6 +391,7 @@ def test_a_hub_dataset_that_cannot_be_reached_is_named_within_seconds(setup, mon
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.slow  # real processes end to end
 def test_eaglet_run_fails_its_preflight_before_any_flow_run_exit_2(tmp_path):
     """A config the preflight refuses ends `eaglet run` before Prefect loads: exit 2, the
     problem named, no traceback, no flow run created in the Prefect server."""

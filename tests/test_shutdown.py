@@ -24,7 +24,10 @@ import pytest
 from eaglet import shutdown
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"),
+    pytest.mark.serial,  # bounds seconds
+]
 
 PRELUDE = """
 import logging, os, signal, subprocess, sys, time

@@ -66,6 +66,7 @@ def test_torchrun_command_is_standalone_with_n_processes(tmp_path):
     assert command[-3:] == ["-m", "eaglet.draft.train_worker", str(tmp_path / "job.json")]
 
 
+@pytest.mark.slow  # real processes end to end
 def test_two_processes_follow_one_process_loss_curve(world):
     single = run_job(job(world, world / "one"))
     seen = []
@@ -84,6 +85,7 @@ def test_two_processes_follow_one_process_loss_curve(world):
         torch.testing.assert_close(a[name], b[name], rtol=1e-3, atol=1e-4, msg=name)
 
 
+@pytest.mark.slow  # real processes end to end
 def test_torchrun_run_resumes_from_its_checkpoint(world):
     out = world / "resumed"
     part = launch(job(world, out, max_steps=3, save_every=3), 2, log_line=lambda _: None)
@@ -100,6 +102,7 @@ def test_torchrun_run_resumes_from_its_checkpoint(world):
             torch.testing.assert_close(a[name], b[name], rtol=1e-3, atol=1e-4, msg=name)
 
 
+@pytest.mark.slow  # real processes end to end
 def test_keep_best_under_torchrun_measures_and_keeps_what_one_process_does(world):
     """train.keep_best with two processes: the held-out loss at each epoch's end is summed
     across both and equals one process's (9 held-out samples: the last held-out batch has one

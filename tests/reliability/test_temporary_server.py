@@ -29,6 +29,7 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+@pytest.mark.slow  # real processes end to end
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_kill_9_of_eaglet_run_takes_the_temporary_prefect_server_with_it(
     tmp_path, fixture_model_dir
