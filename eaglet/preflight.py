@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from typing import Any
 from eaglet.config import PipelineConfig
 from eaglet.errors import PermanentError
 from eaglet.local_paths import is_hub_dataset, is_hub_id
+from eaglet.progress import say
 
 PROBE = [{"role": "user", "content": "What is 2 + 2?"}]
 MIN_FREE_BYTES = 1 << 30
@@ -656,7 +658,7 @@ def preflight(config: PipelineConfig) -> PreflightReport:
     return report
 
 
-def run_preflight(config: PipelineConfig, log=print) -> PreflightReport:
+def run_preflight(config: PipelineConfig, log: Callable[[str], None] = say) -> PreflightReport:
     """The flow's one call before its first stage: the demo's model and data built first when
     the config points at them and they are absent (as `eaglet demo` does: `PipelineConfig()`
     is the demo), then `preflight(config)`, its report logged, a `PreflightError` raised on

@@ -1,4 +1,5 @@
-"""How often progress is reported: one throttle for every stage's progress lines."""
+"""How progress is reported: one throttle for every stage's progress lines, and `say`, the
+default line writer of core functions."""
 
 from __future__ import annotations
 
@@ -24,3 +25,11 @@ class Throttle:
             return False
         self.last = now
         return True
+
+
+def say(line: str) -> None:
+    """The default `log` of core functions: `print`, looked up when called. Inside a Prefect
+    flow or task with `log_prints` the line then reaches the run's logs in the UI; a default
+    `log=print` binds the builtin at import, before Prefect patches it, and the line goes only
+    to the terminal of the process serving the flow."""
+    print(line, flush=True)

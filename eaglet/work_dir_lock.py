@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglet.errors import PermanentError
+from eaglet.progress import say
 
 LOCK_FILE = ".eaglet.lock"
 
@@ -163,7 +164,7 @@ def took_over_message(work_dir: str | Path, previous: dict[str, Any]) -> str:
 
 @contextmanager
 def held(
-    work_dir: str | Path, flow_run: str | None = None, log: Callable[[str], None] = print
+    work_dir: str | Path, flow_run: str | None = None, log: Callable[[str], None] = say
 ) -> Iterator[None]:
     """Hold the work dir's lock for the block (`eaglet run`/`demo`, and the flow itself); a
     lock a dead run left is taken over and `log` says so."""

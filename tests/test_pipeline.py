@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,3 +119,45 @@ def test_quality_gate_failure_names_samples_and_keeps_generation(
     assert relaxed.returncode == 0, relaxed.stderr[-3000:]
     assert stage_states(work_dir)["generate"] == "Cached"
     assert stage_states(work_dir)["extract"] == "Completed"
+
+
+FLOW_UNTIL_DOWNLOAD = """
+import sys
+from eaglet.config import load_config
+from flows.pipeline import pipeline
+state = pipeline(config=load_config(None, sys.argv[2:]), until="download", return_state=True)
+print("FLOW_RUN", state.state_details.flow_run_id, state.type.value, flush=True)
+"""
+
+
+@pytest.mark.slow  # real processes end to end
+def test_the_preflight_report_reaches_the_flow_runs_logs(
+    tmp_path, fixture_model_dir, sample_data_dir
+):
+    """A flow run started as the UI starts it (no `eaglet run` around it): every line of the
+    preflight's report is in the flow run's logs on the Prefect server, not only on the
+    serving process's terminal."""
+    import httpx
+
+    from tests.conftest import SharedPrefectServer, cli_env, small_run_overrides
+
+    overrides = small_run_overrides(tmp_path / "work", fixture_model_dir, sample_data_dir)
+    result = subprocess.run(
+        [sys.executable, "-c", FLOW_UNTIL_DOWNLOAD, "--", *overrides],
+        cwd=tmp_path,
+        env=cli_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    found = [line for line in result.stdout.splitlines() if line.startswith("FLOW_RUN ")]
+    assert found, result.stdout[-2000:] + result.stderr[-3000:]
+    _, flow_run_id, state = found[-1].split()
+    assert state == "COMPLETED", result.stderr[-3000:]
+    logs = httpx.post(
+        f"{SharedPrefectServer.api_url()}/logs/filter",
+        json={"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200},
+        timeout=30,
+    ).json()
+    messages = "\n".join(log["message"] for log in logs)
+    assert re.search(r"ok: +work_dir \S+: usable", messages), messages
