@@ -4,6 +4,7 @@ beside an untrained draft's τ (and, with evaluate.serving=vllm, τ served by vL
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from prefect import get_run_logger
@@ -11,11 +12,13 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from eaglet.config import PipelineConfig
 from eaglet.draft.evaluate import evaluation_report
+from eaglet.progress import Throttle
 from eaglet.records.io import read_jsonl
 from eaglet.records.prompts import Prompt
 from eaglet.split import is_heldout
 from eaglet.storage import StageOutput, stage_dir
 from eaglet.target import end_token_ids, load_tokenizer
+from tasks.artifacts import final_path, publish_plot
 from tasks.caching import run_stage_task, stage_task
 
 
@@ -39,7 +42,22 @@ def evaluate(config: PipelineConfig, draft: dict, prompts: dict, refresh: bool =
         draft_dir = stage_dir(config.work_dir, draft) / "draft"  # the vLLM export
         eos = end_token_ids(config.target, load_tokenizer(config.target))
         # layer ids from the draft's own config: what a server reads
-        report = evaluation_report(settings, config.target, draft_dir, heldout, eos, None, folder)
+        throttle = Throttle()
+
+        def progress(update: dict) -> None:
+            if throttle.ready(force=update["done"] == update["total"]):
+                logger.info(
+                    "evaluate %d/%d prompt passes (%s), %.2f prompts/s, ETA %s",
+                    update["done"],
+                    update["total"],
+                    update["pass"],
+                    update["done"] / max(update["elapsed_s"], 1e-9),
+                    timedelta(seconds=round(update["eta_s"])),
+                )
+
+        report = evaluation_report(
+            settings, config.target, draft_dir, heldout, eos, None, folder, progress
+        )
         trained, baseline = report["draft"], report["untrained"]
         served = report.get("served")
         line = (
@@ -53,8 +71,9 @@ def evaluate(config: PipelineConfig, draft: dict, prompts: dict, refresh: bool =
         by_k = ", ".join(f"k={k}: {tau:.3f}" for k, tau in report["tau_by_k"].items())
         create_markdown_artifact(
             f"# Draft evaluation\n\n{line}.\n\nOffline tau by k: {by_k}.\n\n"
-            f"Plot: `{folder.parent / folder.name}`",
+            f"Report: `{final_path(folder / 'report.json')}`",
             key="draft-evaluation",
+            description="acceptance length tau of the trained draft against an untrained one",
         )
         create_table_artifact(
             [
@@ -62,6 +81,12 @@ def evaluate(config: PipelineConfig, draft: dict, prompts: dict, refresh: bool =
                 for i, a in enumerate(trained.get("per_position_acceptance", []))
             ],
             key="acceptance-per-position",
+            description="the share of drafted tokens accepted at each speculative position",
+        )
+        publish_plot(
+            folder / "acceptance.png",
+            key="acceptance-plot",
+            description="acceptance per speculative position, trained and untrained draft",
         )
         return StageOutput(
             counts={"records": len(heldout)},

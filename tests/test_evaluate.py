@@ -110,3 +110,20 @@ def test_cached_and_uncached_reports_match(trained, world):
     for key in ("tau", "num_rounds", "accepted_tokens", "per_position_acceptance"):
         assert cached[key] == pytest.approx(full[key], abs=0), key
         assert cached["untrained"][key] == pytest.approx(full["untrained"][key], abs=0), key
+
+
+def test_progress_counts_every_pass_to_its_total_with_an_eta(trained, world):
+    updates = []
+    prompts = random_prompts(3, seed=5)
+    report = evaluate_draft(
+        world / "run" / "draft", world / "target", prompts, num_speculative_tokens=3,
+        max_new_tokens=16, device="cpu", every_k=True, progress=updates.append,
+    )  # fmt: skip
+    # references, k=3, k=1, k=2, untrained: five passes over three prompts
+    assert [u["done"] for u in updates] == list(range(1, 16))
+    assert {u["total"] for u in updates} == {15} and updates[-1]["eta_s"] == 0
+    passes = list(dict.fromkeys(u["pass"] for u in updates))
+    assert passes == [
+        "greedy references", "draft at k=3", "draft at k=1", "draft at k=2", "untrained draft"
+    ]  # fmt: skip
+    assert updates[5]["tau"] == pytest.approx(report["tau"])  # the k=3 pass's last prompt

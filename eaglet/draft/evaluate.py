@@ -277,13 +277,7 @@ def _evaluate(
         rounds += accepted
         new_tokens += len(out)
         if progress is not None:
-            progress(
-                {
-                    "prompt": p + 1,
-                    "num_prompts": len(prompts),
-                    "tau": 1 + sum(rounds) / max(len(rounds), 1),
-                }
-            )
+            progress({"tau": 1 + sum(rounds) / max(len(rounds), 1)})
     reached = [sum(n >= j for n in rounds) for j in range(k + 1)]  # reached[0] = rounds
     return {
         "tau": 1 + sum(rounds) / max(len(rounds), 1),
@@ -308,6 +302,35 @@ def _evaluate(
     }
 
 
+class EvaluationProgress:
+    """Counts the prompts done across every pass of `evaluate_draft` and reports each to
+    `report` (None: nothing) as {"pass", "done", "total", "elapsed_s", "eta_s", "tau"}."""
+
+    def __init__(self, total: int, report: Callable[[dict], None] | None) -> None:
+        self.total, self.report = total, report
+        self.done = 0
+        self.started = time.monotonic()
+
+    def step(self, name: str, tau: float | None = None) -> None:
+        self.done += 1
+        if self.report is None:
+            return
+        elapsed = time.monotonic() - self.started
+        self.report(
+            {
+                "pass": name,
+                "done": self.done,
+                "total": self.total,
+                "elapsed_s": elapsed,
+                "eta_s": elapsed / self.done * (self.total - self.done),
+                "tau": tau,
+            }
+        )
+
+    def callback(self, name: str) -> Callable[[dict], None]:
+        return lambda update: self.step(name, update["tau"])
+
+
 def evaluate_draft(
     draft_dir: Path,
     target: TargetConfig | Path | str,
@@ -329,7 +352,11 @@ def evaluate_draft(
 
     With `untrained_seed`, the same evaluation of a fresh draft (the same config and vocab,
     weights drawn from the seed) is the baseline under `"untrained"`; the target is loaded,
-    and its plain greedy reference decoded, once for both."""
+    and its plain greedy reference decoded, once for both.
+
+    `progress` is called after each prompt of each pass (the greedy references, the draft at
+    k, at every other k, the untrained draft) with the pass's name, the prompts done of all
+    passes, their total, the seconds so far and an ETA (`EvaluationProgress`)."""
     apply_threads("evaluate")
     trained, config = load_draft(Path(draft_dir))
     window = trained.config.sliding_window
@@ -342,30 +369,36 @@ def evaluate_draft(
     model = load_target(target, device)
     aux_ids = resolve_aux_ids(config, aux_layer_ids, Path(draft_dir) / "config.json")
     eos = set(default_eos_ids(model) if eos_token_ids is None else eos_token_ids)
+    passes = 2 + (num_speculative_tokens - 1 if every_k else 0) + (untrained_seed is not None)
+    counter = EvaluationProgress(len(prompts) * passes, progress)
     references = []
     for p, prompt in enumerate(prompts):
         try:
             references.append(greedy_generate(model, prompt, max_new_tokens, eos, use_cache))
         except NonFiniteError as exc:
             raise NonFiniteError(f"held-out prompt {p} of {len(prompts)}: {exc}") from None
+        counter.step("greedy references")
     common = dict(
         target=model, prompts=prompts, references=references, max_new_tokens=max_new_tokens,
         eos=eos, aux_layer_ids=aux_ids, use_cache=use_cache,
     )  # fmt: skip
-    report = _evaluate(trained, k=num_speculative_tokens, progress=progress, **common)
+    k = num_speculative_tokens
+    report = _evaluate(trained, k=k, progress=counter.callback(f"draft at k={k}"), **common)
     report.update(draft="trained", draft_dir=str(draft_dir), device=str(model.device))
     if every_k:
         report["tau_by_k"] = {
-            str(k): report["tau"]
-            if k == num_speculative_tokens
-            else _evaluate(trained, k=k, progress=None, **common)["tau"]
-            for k in range(1, num_speculative_tokens + 1)
+            str(j): report["tau"]
+            if j == k
+            else _evaluate(trained, k=j, progress=counter.callback(f"draft at k={j}"), **common)[
+                "tau"
+            ]
+            for j in range(1, k + 1)
         }
     if untrained_seed is not None:
         torch.manual_seed(untrained_seed)
         fresh = Eagle3Draft(config_from_json(config))
         fresh.set_vocab(trained.d2t, trained.t2d)
-        baseline = _evaluate(fresh, k=num_speculative_tokens, progress=None, **common)
+        baseline = _evaluate(fresh, k=k, progress=counter.callback("untrained draft"), **common)
         report["untrained"] = dict(baseline, draft=f"untrained (seed {untrained_seed})")
     return report
 
@@ -413,6 +446,7 @@ def evaluation_report(
     eos_token_ids: list[int],
     aux_layer_ids: list[int] | None,
     folder: Path,
+    progress: Callable[[dict], None] | None = None,
 ) -> dict:
     """The evaluate stage's report, written to `folder/report.json` (with `acceptance.png`):
     offline tau of the draft (k = 1..K) beside an untrained draft's, and with
@@ -422,7 +456,7 @@ def evaluation_report(
     trained = evaluate_draft(
         draft_dir, target, prompts, num_speculative_tokens=settings.num_speculative_tokens,
         max_new_tokens=settings.max_new_tokens, eos_token_ids=eos_token_ids,
-        aux_layer_ids=aux_layer_ids, untrained_seed=0, every_k=True,
+        aux_layer_ids=aux_layer_ids, untrained_seed=0, every_k=True, progress=progress,
     )  # fmt: skip
     baseline = trained.pop("untrained")
     report = {
