@@ -68,13 +68,18 @@ def extract(
             end_ids=set(end_token_ids(target, tokenizer)),
             chat_template_kwargs=config.tokenize.chat_template_kwargs,
         )
-        create_markdown_artifact(_quality_markdown(report), key="data-quality")
+        create_markdown_artifact(
+            _quality_markdown(report),
+            key="data-quality",
+            description="reasoning capture, truncation and template checks of the generations",
+        )
         create_table_artifact(
             [
                 {"source": s, **{k: v for k, v in f.items() if k != "sequence_tokens"}}
                 for s, f in report["per_source"].items()
             ],
             key="data-quality-per-source",
+            description="the data-quality figures of each dataset source",
         )
         logger.info(
             "reasoning format %s; capture rate %s, truncation %.1f%%",

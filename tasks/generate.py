@@ -84,7 +84,9 @@ def generate(
             canary = run_canary(config, tokenizer, all_prompts, api_key=api_key)
             logger.info("canary:\n%s", canary.render())
             canary.raise_if_failed()
-        progress_id = create_progress_artifact(0.0, description="generate: records written")
+        progress_id = create_progress_artifact(
+            0.0, key="generate-progress", description="generate: records written"
+        )
 
         def progress(update: GenerationProgress) -> None:
             logger.info("generate %s", update.describe())

@@ -25,6 +25,7 @@ from eaglet.draft.launch import feature_disk, pipeline_job, run_training
 from eaglet.hidden_states.vllm import started_server
 from eaglet.progress import Throttle
 from eaglet.storage import StageOutput, stage_dir
+from tasks.artifacts import final_path, publish_plot
 from tasks.caching import run_stage_task, stage_task
 
 
@@ -46,7 +47,9 @@ def train(
         )
     features_dir = None if online else stage_dir(config.work_dir, features)
     examples_path = stage_dir(config.work_dir, examples) / "examples.jsonl" if online else None
-    progress_id = create_progress_artifact(progress=0.0, description="train: starting")
+    progress_id = create_progress_artifact(
+        progress=0.0, key="train-progress", description="train: starting"
+    )
     throttle = Throttle()
 
     def progress(update: dict) -> None:
@@ -81,9 +84,18 @@ def train(
             "aux_layer_ids": job["aux_layer_ids"],
             "aux_layer_convention": job["aux_layer_convention"],
         }
+        for name in ("draft_dir", "state_dir", "metrics_path", "loss_plot"):  # once finished
+            if info.get(name):
+                info[name] = str(final_path(Path(info[name])))
         create_markdown_artifact(
             "# Draft training\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in info.items()),
             key="draft-training",
+            description="the trained draft: vocabulary, samples, loss, exports and their folders",
+        )
+        publish_plot(
+            folder / "loss.png",
+            key="training-loss",
+            description="training loss per step (held-out loss per epoch with train.keep_best)",
         )
         return StageOutput(counts={"records": int(summary.get("train_samples", 0))}, info=info)
 

@@ -461,3 +461,69 @@ def test_run_with_changed_nested_config_fields_from_the_ui_form(
     manifest = json.loads((Path(generate["path"]) / "manifest.json").read_text())
     assert manifest["config"]["max_tokens"] == 40
     assert "| generate | Completed |" in _artifact(client, run["id"], "run-report")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed")
+def test_a_whole_run_shows_its_plots_and_every_artifact_is_keyed_described_and_current(
+    served, tmp_path, fixture_model_dir, sample_data_dir
+):
+    """All seven stages through the API: every artifact of the run has a key and a
+    description, none names a `.partial` folder (gone once a stage finishes) and every path
+    it names exists; the loss and acceptance plots are image artifacts that Chromium shows
+    on their artifact pages (screenshots in tests/artifacts/)."""
+    import base64
+
+    from playwright.sync_api import sync_playwright
+
+    parameters = {"config": _config(tmp_path, fixture_model_dir, sample_data_dir, "name=plots")}
+    run, tasks = _run(served.client, served.deployments["pipeline"], parameters)
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    found = served.client.post(
+        "/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run["id"]]}}}
+    ).json()
+    by_key = {a["key"]: a for a in found}
+    for artifact in found:
+        where = f"{artifact['type']} artifact {artifact['key']}"
+        assert artifact["key"] and artifact["description"], where
+        text = json.dumps(artifact["data"]) + (artifact["description"] or "")
+        assert ".partial" not in text, f"{where} names a partial folder: {text[:500]}"
+        for path in re.findall(r"(/[\w./-]+\.(?:jsonl|json|png|md))\b", text):
+            assert Path(path).exists(), f"{where} names {path}, which does not exist"
+    plots = ("training-loss", "acceptance-plot")
+    for key in plots:
+        image = by_key[key]
+        assert image["type"] == "image", image["type"]
+        prefix = "data:image/png;base64,"
+        assert image["data"].startswith(prefix)
+        assert base64.b64decode(image["data"][len(prefix) :])[:4] == b"\x89PNG"
+
+    base = served.api.removesuffix("/api")
+    artifacts = ROOT / "tests" / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
+        )
+        page = context.new_page()
+        page.set_default_timeout(120_000)
+        page.route(
+            "**/*",
+            lambda route: (
+                route.continue_()
+                if route.request.url.startswith((base, "data:"))
+                else route.abort()
+            ),
+        )
+        for key in plots:
+            page.goto(f"{base}/artifacts/artifact/{by_key[key]['id']}")
+            image = page.locator("img[src^='data:image/png']").first
+            image.wait_for()
+            page.wait_for_function(
+                "img => img.complete && img.naturalWidth > 0", arg=image.element_handle()
+            )
+            page.screenshot(path=str(artifacts / f"prefect-ui-{key}.png"), full_page=True)
+        context.close()
