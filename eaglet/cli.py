@@ -553,10 +553,43 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    api_url = os.environ.get("PREFECT_API_URL") or _profile_api_url()
+    if api_url and not _wait_for_server(api_url, SERVER_WAIT_S):
+        print(
+            f"error: no Prefect server answers at PREFECT_API_URL={api_url} after "
+            f"{SERVER_WAIT_S} s: start one (`prefect server start`) or fix the URL",
+            file=sys.stderr,
+        )
+        return 2
     from deployments.serve import main as serve
 
     serve()
     return 0
+
+
+# `eaglet serve` right after `prefect server start --background`: the server needs seconds.
+SERVER_WAIT_S = 120
+
+
+def _wait_for_server(api_url: str, timeout_s: float) -> bool:
+    """True once `api_url/health` answers 200 (saying once that it waits), False at the end
+    of `timeout_s`."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    said = False
+    while True:
+        try:
+            if httpx.get(f"{api_url.rstrip('/')}/health", timeout=5).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        if not said:
+            print(f"waiting for the Prefect server at {api_url} ...", flush=True)
+            said = True
+        time.sleep(1)
 
 
 def cmd_fixture_model(args: argparse.Namespace) -> int:
