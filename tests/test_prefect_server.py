@@ -347,6 +347,27 @@ CHROMIUM_ARGS = [
 ]  # fmt: skip
 
 
+def _browser(playwright, tmp_path: Path, base: str):
+    """Headless Chromium (context, page) that reaches only the local server (the UI would
+    otherwise call an analytics host) and data: URLs (the plots)."""
+    context = playwright.chromium.launch_persistent_context(
+        str(tmp_path / "chromium-profile"),
+        executable_path=str(CHROMIUM),
+        headless=True,
+        args=CHROMIUM_ARGS,
+    )
+    page = context.new_page()
+    # A loaded CI box renders the UI slowly: wait for elements, never for a fixed time.
+    page.set_default_timeout(120_000)
+    page.route(
+        "**/*",
+        lambda route: (
+            route.continue_() if route.request.url.startswith((base, "data:")) else route.abort()
+        ),
+    )
+    return context, page
+
+
 def _property(page, label: str, index: int = -1):
     """The form block of one parameter, found by its label text (`index` among equal ones)."""
     # Anchored: "Max Tokens" must not also find "Canary Max Tokens".
@@ -393,22 +414,7 @@ def test_run_with_changed_nested_config_fields_from_the_ui_form(
     artifacts.mkdir(exist_ok=True)
 
     with sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"),
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=CHROMIUM_ARGS,
-        )
-        page = context.new_page()
-        # A loaded CI box renders the UI slowly: wait for elements, never for a fixed time.
-        page.set_default_timeout(120_000)
-        # Only the local server: the UI would otherwise call an analytics host.
-        page.route(
-            "**/*",
-            lambda route: (
-                route.continue_() if route.request.url.startswith(base) else route.abort()
-            ),
-        )
+        context, page = _browser(playwright, tmp_path, base)
         page.goto(f"{base}/deployments")
         page.get_by_role("link", name="generate-only").first.click()
         page.wait_for_load_state("networkidle")
@@ -502,22 +508,7 @@ def test_a_whole_run_shows_its_plots_and_every_artifact_is_keyed_described_and_c
     artifacts = ROOT / "tests" / "artifacts"
     artifacts.mkdir(exist_ok=True)
     with sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"),
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=CHROMIUM_ARGS,
-        )
-        page = context.new_page()
-        page.set_default_timeout(120_000)
-        page.route(
-            "**/*",
-            lambda route: (
-                route.continue_()
-                if route.request.url.startswith((base, "data:"))
-                else route.abort()
-            ),
-        )
+        context, page = _browser(playwright, tmp_path, base)
         for key in plots:
             page.goto(f"{base}/artifacts/artifact/{by_key[key]['id']}")
             image = page.locator("img[src^='data:image/png']").first
