@@ -293,12 +293,15 @@ class QualityTally:
         """`server` is the server text cross-check of the example, if it has one."""
         tally = self.sources[example.source]
         tally.records += 1
-        # Captured = reasoning split out and closed. Truncated records cannot close theirs
-        # and are judged by the truncation rate instead.
-        tally.with_reasoning += bool(example.reasoning) and "reasoning_not_closed" not in (
-            example.flags
+        # Captured = reasoning split out and closed. Truncated records are judged by the
+        # truncation rate instead: out of both sides of the rate, so it is at most 1.
+        truncated = example.finish_reason == "length"
+        tally.with_reasoning += (
+            bool(example.reasoning)
+            and "reasoning_not_closed" not in example.flags
+            and not truncated
         )
-        tally.truncated += example.finish_reason == "length"
+        tally.truncated += truncated
         tally.leaked += "thinking_in_content" in example.flags
         # The seeds' signature: no reasoning split out, yet thinking text sits in the answer.
         tally.thinking_in_answer += "thinking_in_content" in example.flags and not (

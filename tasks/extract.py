@@ -33,10 +33,14 @@ def _quality_markdown(report: dict) -> str:
             f"| {source} | {f['records']} | {percent(f['reasoning_capture_rate'])} | "
             f"{f['thinking_in_content']} | {f['truncation_rate']:.1%} | "
             f"{f['reasoning_token_share']:.1%} | {f['sequence_tokens'].get('p50', 0):.0f} | "
-            f"{f['template_mismatches']} | {f['server_reasoning_disagreements']} |"
+            f"{f['template_mismatches']} ({f['prompt_template_mismatches']} in the prompt) | "
+            f"{f['server_reasoning_disagreements']} |"
         )
     lines += [
         "",
+        "Reasoning captured: of the records not truncated, those whose reasoning was split "
+        "out and closed. A template mismatch: a turn the chat template renders otherwise than "
+        "the ids trained on (in the prompt: the configured template did not make the prompt). "
         "Each template mismatch is in `template_mismatches.jsonl`; each disagreement between a "
         "server's text and the token split, with both texts, in `server_disagreements.jsonl`.",
     ]

@@ -329,3 +329,15 @@ def test_quality_gate_fails_on_prompts_the_template_does_not_render(tmp_path):
     error = _gate_error(report, True)
     assert error and "reasoning.max_prompt_mismatch_rate=5%" in error
     assert _gate_error(report, True, max_prompt_mismatch_rate=1.0) is None
+
+
+def test_capture_rate_never_exceeds_one_when_a_truncated_answer_closed_its_reasoning(tmp_path):
+    """Truncated records leave the rate's denominator; one whose reasoning closed before the
+    cut must leave its numerator too (it read 133% here before)."""
+    tokenizer, reasoning_format, prompt, end_ids = _setup()
+    generations = _variants(prompt, tokenizer, 3) + _variants(
+        prompt, tokenizer, 1, finish_reason="length", sample_id="cut"
+    )
+    report = _gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
+    assert report["reasoning_capture_rate"] == 1.0
+    assert all(f["reasoning_capture_rate"] <= 1.0 for f in report["per_source"].values())
