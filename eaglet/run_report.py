@@ -174,11 +174,18 @@ def failure_note(stage: str, entry: dict[str, Any], run: dict[str, Any] | None) 
         lines.append(f"No partial folder was left (expected at `{entry['path']}`).")
     lines += [
         "",
-        f"**Resume** after fixing the cause: `{resume_command(run)}`. Finished stages come back "
-        f"Cached; this stage {RESUMES_PARTIAL.get(stage, RESTARTS_PARTIAL)}. From the Prefect UI: "
-        "start the deployment again with the same parameters.",
-        f"To redo a finished stage and everything after it, add `--refresh-from STAGE` "
-        f"(e.g. `--refresh-from {stage}`).",
+        f"**Resume** after fixing the cause. Finished stages come back Cached; this stage "
+        f"{RESUMES_PARTIAL.get(stage, RESTARTS_PARTIAL)}.",
+        "",
+        "- In the Prefect UI: the **Retry** button on this flow run's page runs it "
+        "again with the same parameters.",
+        f"- From a shell: `{resume_command(run)}`.",
+        "",
+        "To redo a finished stage and everything after it (a server flag or a dataset revision "
+        "changed; a fix to eaglet's code needs nothing, the stage's key changes): in the UI, "
+        "*Deployments* → `eaglet-pipeline/pipeline` → *Run* → *Custom run* with the same config "
+        f"and `refresh_from` set to the stage (e.g. `{stage}`); from a shell, add "
+        f"`--refresh-from {stage}`.",
     ]
     return "\n".join(lines)
 
