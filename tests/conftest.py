@@ -191,3 +191,16 @@ def small_tmpfs(mount: Path, size: str):
         yield mount
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+# The longest modules start first, so that under pytest-xdist (`--dist loadfile`) no worker is
+# left with one of them at the end while the other idles: the demo builds its own model.
+LONGEST_MODULES = ("test_pipeline.py", "test_serving_vllm.py", "test_security.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_MODULES.index(name) if name in LONGEST_MODULES else len(LONGEST_MODULES)
+
+    items.sort(key=rank)  # stable: each module's own order is kept
