@@ -622,8 +622,26 @@ def check_endpoints(config: PipelineConfig, report: PreflightReport) -> None:
             report.passed.append(f"execution.dask_address {execution.dask_address}: answers")
 
 
-def check_devices(config: PipelineConfig, report: PreflightReport) -> None:
-    """A CUDA device asked for where torch sees none fails now, not at the stage that uses it."""
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs with bf16 units
+
+
+def cpu_has_bf16_units(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
+    """Whether the CPU computes in bfloat16 natively (Linux's CPU flags); None when unknown."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return None
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
+                  if line.startswith("flags")), None)  # fmt: skip
+    return None if flags is None else any(flag in flags for flag in CPU_BF16_FLAGS)
+
+
+def check_devices(
+    config: PipelineConfig, report: PreflightReport, bf16_units: bool | None = None
+) -> None:
+    """A CUDA device asked for where torch sees none fails now, not at the stage that uses it;
+    a dtype the device computes slowly is a warning (`bf16_units`: whether the CPU has
+    bfloat16 units, read from /proc/cpuinfo when not given)."""
     import torch
 
     settings = {"target.device": config.target.device, "train.device": config.train.device}
@@ -633,6 +651,26 @@ def check_devices(config: PipelineConfig, report: PreflightReport) -> None:
                 f"{setting}={device}: torch sees no CUDA device on this machine "
                 f"(torch {torch.__version__}); use cpu, or auto for the GPU when there is one"
             )
+    on_cpu = {
+        setting: device == "cpu" or device == "auto" and not torch.cuda.is_available()
+        for setting, device in settings.items()
+    }
+    bf16_units = cpu_has_bf16_units() if bf16_units is None else bf16_units
+    slow_bf16 = (
+        "this CPU has no bfloat16 units (no avx512_bf16 or amx_bf16 among its flags): torch "
+        "emulates bfloat16 on it, up to a hundred times slower than float32"
+    )
+    dtype = config.target.dtype
+    if on_cpu["target.device"] and dtype == "bfloat16" and bf16_units is False:
+        report.warnings.append(f"target.dtype=bfloat16 on the CPU: {slow_bf16}; use float32")
+    if on_cpu["target.device"] and dtype == "float16":
+        report.warnings.append(
+            "target.dtype=float16 on the CPU: most CPUs have no float16 arithmetic (slow, and "
+            "float16's range overflows where bfloat16's does not); use float32, or bfloat16 on "
+            "a CPU with bfloat16 units"
+        )
+    if on_cpu["train.device"] and config.train.precision == "bfloat16" and bf16_units is False:
+        report.warnings.append(f"train.precision=bfloat16 on the CPU: {slow_bf16}; use float32")
 
 
 def preflight(config: PipelineConfig) -> PreflightReport:

@@ -411,3 +411,40 @@ def test_eaglet_run_fails_its_preflight_before_any_flow_run_exit_2(tmp_path):
         timeout=30,
     ).json()
     assert runs == []
+
+
+@pytest.mark.parametrize("bf16_units", [False, True])
+def test_a_dtype_the_cpu_computes_slowly_is_a_warning(setup, bf16_units):
+    from eaglet.preflight import PreflightReport, check_devices
+
+    def warnings(**changes) -> list[str]:
+        data = json.loads(json.dumps(setup))
+        for section, values in changes.items():
+            data.setdefault(section, {}).update(values)
+        report = PreflightReport()
+        check_devices(PipelineConfig.model_validate(data), report, bf16_units=bf16_units)
+        return report.warnings
+
+    cpu = {"device": "cpu"}
+    assert warnings(target=cpu, train=cpu) == []  # float32 everywhere
+    bf16 = warnings(target={**cpu, "dtype": "bfloat16"}, train={**cpu, "precision": "bfloat16"})
+    if bf16_units:
+        assert bf16 == []
+    else:
+        assert [w.split(" on the CPU")[0] for w in bf16] == [
+            "target.dtype=bfloat16", "train.precision=bfloat16"
+        ]  # fmt: skip
+        assert all("no avx512_bf16 or amx_bf16" in w for w in bf16)
+    [fp16] = warnings(target={**cpu, "dtype": "float16"})
+    assert fp16.startswith("target.dtype=float16 on the CPU")
+
+
+def test_the_cpu_flags_say_whether_it_has_bf16_units(tmp_path):
+    from eaglet.preflight import cpu_has_bf16_units
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f\n")
+    assert cpu_has_bf16_units(info) is False
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_tile\n")
+    assert cpu_has_bf16_units(info) is True
+    assert cpu_has_bf16_units(tmp_path / "absent") is None
