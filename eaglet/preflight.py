@@ -658,7 +658,7 @@ def check_devices(
     bf16_units = cpu_has_bf16_units() if bf16_units is None else bf16_units
     slow_bf16 = (
         "this CPU has no bfloat16 units (no avx512_bf16 or amx_bf16 among its flags): torch "
-        "emulates bfloat16 on it, up to a hundred times slower than float32"
+        "emulates bfloat16 on it, often a hundred times slower than float32"
     )
     dtype = config.target.dtype
     if on_cpu["target.device"] and dtype == "bfloat16" and bf16_units is False:
