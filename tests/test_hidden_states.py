@@ -146,3 +146,18 @@ def test_layer_ids_run_from_the_embeddings_to_the_last_layers_input():
     for wrong in ([2, 4, 8], [-1, 4, 5]):
         with pytest.raises(ValueError, match=r"must lie in 0\.\.7"):
             resolve_aux_layer_ids(wrong, num_layers=8)
+
+
+def test_progress_moves_inside_a_shard_batch_by_batch(target_dir, tmp_path):
+    """One shard of many batches: the progress fraction moves after each batch (a long shard
+    of a large target used to show nothing for ten minutes), reaching 1 at the end."""
+    write_examples(tmp_path / "examples.jsonl", 12)
+    config = config_for(tmp_path / "work", target_dir, shard_tokens=1 << 20, batch_size=2)
+    folder = tmp_path / "work" / "hs"
+    folder.mkdir(parents=True)
+    fractions: list[float] = []
+    body = stage_body(config, tmp_path / "examples.jsonl", lambda _: None, fractions.append)
+    output = body(folder)
+    assert len(output.info["shards"]) == 1
+    assert len(fractions) >= 6 + 1  # six batches of two, then the shard's end
+    assert fractions == sorted(fractions) and 0 < fractions[0] < 1 and fractions[-1] == 1.0

@@ -9,6 +9,8 @@ shares a batch with longer samples or runs alone (tests/test_hidden_states.py ch
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from eaglet.config import TargetConfig
@@ -89,14 +91,19 @@ class HFBackend:
             for row, ids in enumerate(batch)
         ]
 
-    def features(self, examples: list[Example]) -> list[dict[str, torch.Tensor]]:
-        """Features of every example, in the order given, computed in length buckets."""
+    def features(
+        self, examples: list[Example], on_tokens: Callable[[int], None] | None = None
+    ) -> list[dict[str, torch.Tensor]]:
+        """Features of every example, in the order given, computed in length buckets;
+        `on_tokens(n)` after each batch of n tokens (progress inside a shard)."""
         lengths = [len(e.input_ids) for e in examples]
         out: list[dict[str, torch.Tensor] | None] = [None] * len(examples)
         for batch in length_batches(lengths, self.batch_size, self.batch_tokens):
             results = self.forward([examples[i].input_ids for i in batch])
             for i, result in zip(batch, results, strict=True):
                 out[i] = result
+            if on_tokens is not None:
+                on_tokens(sum(lengths[i] for i in batch))
         return out  # type: ignore[return-value]
 
     def close(self) -> None:

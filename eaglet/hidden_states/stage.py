@@ -164,14 +164,16 @@ def build_shard(
     backend_factory: Callable[[], Any],
     storage: str,
     verify_hash: bool = True,
+    on_tokens: Callable[[int], None] | None = None,
 ) -> dict:
-    """Build one shard unless it is already finished (and verified); returns its record."""
+    """Build one shard unless it is already finished (and verified); returns its record.
+    `on_tokens(n)` as the backend finishes each batch of n tokens."""
     done = shard_finished(folder, spec.name, verify_hash)
     if done is not None:
         return {**done, "skipped": True}
     examples = read_examples(examples_path, spec)
     backend = backend_factory()
-    features = backend.features(examples)
+    features = backend.features(examples, on_tokens=on_tokens)
     encoded = [encode_sample(e, f, storage) for e, f in zip(examples, features, strict=True)]
     del features
     rows, offset = [], 0
@@ -370,10 +372,19 @@ def stage_body(
         with ExitStack() as stack:  # a vLLM server eaglet started stops when the loop ends
             get_backend = backend_factory(config, stack, folder, report)
             for spec in specs:
+                within = [0]  # tokens of this shard reported so far
+
+                def on_tokens(tokens: int, within: list[int] = within) -> None:
+                    within[0] += tokens
+                    progress.add(tokens)  # a line inside a long shard too
+                    if on_progress is not None:
+                        on_progress(progress.fraction)
+
                 record = build_shard(
-                    folder, examples_path, spec, get_backend, settings.storage, verify_hash
-                )
-                progress.add(spec.tokens, force=not record["skipped"])
+                    folder, examples_path, spec, get_backend, settings.storage, verify_hash,
+                    on_tokens,
+                )  # fmt: skip
+                progress.add(spec.tokens - within[0], force=not record["skipped"])
                 if on_progress is not None:
                     on_progress(progress.fraction)
         files = write_index(folder, specs)

@@ -281,8 +281,16 @@ class VllmBackend:
                 example, future = pending.popleft()
                 yield example, future.result()
 
-    def features(self, examples: list[Example]) -> list[dict[str, torch.Tensor]]:
-        return [features for _, features in self.stream(examples)]
+    def features(
+        self, examples: list[Example], on_tokens: Callable[[int], None] | None = None
+    ) -> list[dict[str, torch.Tensor]]:
+        """Features of every example, in order; `on_tokens(n)` after each example's n tokens."""
+        out = []
+        for example, features in self.stream(examples):
+            out.append(features)
+            if on_tokens is not None:
+                on_tokens(len(example.input_ids))
+        return out
 
     def close(self) -> None:
         self.client.close()
