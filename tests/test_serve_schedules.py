@@ -1,0 +1,63 @@
+"""A schedule added in the Prefect UI (here: through the same API call) outlives a restart of
+`eaglet serve`: the deployment comes back with it, active and unpaused."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.test_prefect_server import _start, _stop, _wait_for
+from tests.vllm_server import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_schedule_added_in_the_ui_survives_a_serve_restart(tmp_path):
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp_path / "home"),
+        "PREFECT_API_URL": api,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    command = [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"]
+    server = _start(command, env, tmp_path / "server.log")
+    client = httpx.Client(base_url=api, timeout=30)
+    serving = None
+
+    def deployment():
+        try:
+            found = client.post("/deployments/filter", json={}).json()
+        except (httpx.HTTPError, ValueError):
+            return None
+        return next((d for d in found if d["name"] == "pipeline"), None)
+
+    def serve(log: str):
+        process = _start([sys.executable, "-m", "eaglet.cli", "serve"], env, tmp_path / log)
+        return process, _wait_for(deployment, 180, "the served deployment")
+
+    try:
+        serving, first = serve("serve-1.log")
+        assert first["schedules"] == []
+        added = client.post(
+            f"/deployments/{first['id']}/schedules",
+            json=[{"schedule": {"cron": "0 3 * * *", "timezone": "UTC"}, "active": True}],
+        )
+        assert added.status_code == 201, added.text
+        _stop(serving)
+        serving, again = serve("serve-2.log")
+        _wait_for(lambda: not deployment()["paused"], 60, "the deployment unpaused")
+        again = deployment()
+        assert again["id"] == first["id"]
+        schedules = [(s["schedule"].get("cron"), s["active"]) for s in again["schedules"]]
+        assert schedules == [("0 3 * * *", True)], again["schedules"]
+    finally:
+        if serving is not None:
+            _stop(serving)
+        _stop(server)
