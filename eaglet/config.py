@@ -564,7 +564,9 @@ class PipelineConfig(_Strict):
 
     name: str = Field("demo", description="Run name, shown in Prefect and in reports.")
     work_dir: str = Field("runs/demo", description="Folder for every stage's outputs.")
-    target: TargetConfig = Field(default_factory=TargetConfig)
+    target: TargetConfig = Field(
+        default_factory=TargetConfig, description="The model the draft is trained for."
+    )
     datasets: list[DatasetSpec] = Field(
         default_factory=lambda: [
             DatasetSpec(source="arith", path="runs/demo/data/arith.jsonl"),
@@ -573,13 +575,30 @@ class PipelineConfig(_Strict):
         ],
         description="Datasets to regenerate answers for.",
     )
-    tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
-    generation: GenerationConfig = Field(default_factory=GenerationConfig)
-    reasoning: ReasoningConfig = Field(default_factory=ReasoningConfig)
-    hidden_states: HiddenStatesConfig = Field(default_factory=HiddenStatesConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
-    execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
+    tokenize: TokenizeConfig = Field(
+        default_factory=TokenizeConfig, description="Chat-template rendering of the prompts."
+    )
+    generation: GenerationConfig = Field(
+        default_factory=GenerationConfig,
+        description="How the target answers: the engine, its servers, sampling and limits.",
+    )
+    reasoning: ReasoningConfig = Field(
+        default_factory=ReasoningConfig,
+        description="How reasoning is split from the answer, and the quality gate.",
+    )
+    hidden_states: HiddenStatesConfig = Field(
+        default_factory=HiddenStatesConfig,
+        description="The target's features the draft learns from: layers, backend, storage.",
+    )
+    train: TrainConfig = Field(default_factory=TrainConfig, description="EAGLE-3 draft training.")
+    evaluate: EvaluateConfig = Field(
+        default_factory=EvaluateConfig,
+        description="Acceptance length of the trained draft on held-out prompts.",
+    )
+    execution: ExecutionConfig = Field(
+        default_factory=ExecutionConfig,
+        description="Where the stages run: task runner, Dask cluster.",
+    )
 
     @field_validator("datasets")
     @classmethod

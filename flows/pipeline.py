@@ -100,13 +100,21 @@ def pipeline(
 ) -> dict:
     """Regenerate the target's answers and train an EAGLE-3 draft on them.
 
-    `config` is the whole configuration; `config_path` (a YAML file on the worker) replaces
-    it when given. Stages run up to `until`; `refresh_from` re-runs that stage (and so every
-    stage after it) even when its inputs and code are unchanged, e.g. after a server flag or a
-    dataset revision changed. The run report (artifact `run-report`, and
-    `WORK_DIR/run_report.md`) is written at the end, also when a stage fails. `retry_failed`
-    sends the samples a finished generate stage recorded as failed again, keeping every record
-    already written."""
+    The run report (artifact `run-report`, and `WORK_DIR/run_report.md`) is written at the
+    end, also when a stage fails.
+
+    Args:
+        config: The whole configuration; its defaults are the demo's.
+        config_path: A YAML config file on the machine that runs the flow; when given, it
+            replaces `config`. Leave empty to use the form.
+        until: The last stage to run (download, tokenize, generate, extract, hidden_states,
+            train, evaluate).
+        refresh_from: Run this stage and every one after it again even when their inputs and
+            code are unchanged (a server flag or a dataset revision changed). Leave empty to
+            reuse every finished stage.
+        retry_failed: Send the samples a finished generate stage recorded as failed again,
+            keeping every record already written.
+    """
     # A flow run replaces the SIGTERM handler with Prefect's own for its duration: eaglet's
     # (`eaglet run`, eaglet/shutdown.py) saves a checkpoint and exits within seconds.
     shutdown.claim_signals()
