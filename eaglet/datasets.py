@@ -28,7 +28,7 @@ from eaglet.errors import PermanentError
 from eaglet.local_paths import UNSUPPORTED_DATASET_SUFFIXES, is_hub_dataset
 from eaglet.records.io import record_line
 from eaglet.records.samples import Sample
-from eaglet.storage import canonical_json
+from eaglet.storage import canonical_json, finished_folder
 
 SHAREGPT_ROLES = {
     "system": "system",
@@ -413,7 +413,8 @@ def write_samples(
     if skipped or duplicates:
         log(
             f"left out {skipped} rows ({dict(report.skipped)}) and {duplicates} duplicates; "
-            f"each with where it is and why in {rejected_path}"
+            f"each with where it is and why in "
+            f"{finished_folder(rejected_path.parent) / rejected_path.name}"
         )
     counts = {"records": len(seen), "duplicates": duplicates, "skipped": skipped}
     counts.update({f"skipped_{kind}": n for kind, n in report.skipped.items()})

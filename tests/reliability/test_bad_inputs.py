@@ -644,3 +644,13 @@ def test_repair_fuzz_keeps_every_readable_record_and_sets_aside_the_rest(lines, 
             ]
         else:
             assert not aside.exists()
+
+
+def test_the_download_warning_names_rejected_jsonl_in_the_finished_folder(tmp_path):
+    first = jsonl(tmp_path / "a.jsonl", [GOOD, GOOD])
+    partial = tmp_path / "d1.partial"
+    partial.mkdir()
+    said: list[str] = []
+    write_samples([spec(first)], partial / "samples.jsonl", partial / "rejected.jsonl", said.append)
+    [warning] = [line for line in said if "left out" in line]
+    assert str(tmp_path / "d1" / "rejected.jsonl") in warning and ".partial" not in warning
