@@ -4,13 +4,42 @@
 
 Runs started from the Prefect UI or API execute in this process. For a work pool setup use
 `deployments/prefect.yaml` instead.
+
+Schedules added in the UI outlive a restart: serving registers each deployment anew, which
+may replace its schedules with the ones given (none), so the schedules the server holds for it
+are read first and given back.
 """
 
 from __future__ import annotations
 
 from prefect import serve
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import DeploymentScheduleCreate
+from prefect.exceptions import ObjectNotFound
 
 from flows.pipeline import pipeline
+
+FLOW_NAME = "eaglet-pipeline"
+
+
+def existing_schedules(deployment: str) -> list[DeploymentScheduleCreate]:
+    """The schedules the Prefect server holds for `eaglet-pipeline/<deployment>` (added in
+    the UI or by an earlier serve), active or not; none for a deployment it does not know."""
+    with get_client(sync_client=True) as client:
+        try:
+            found = client.read_deployment_by_name(f"{FLOW_NAME}/{deployment}")
+        except ObjectNotFound:
+            return []
+    return [
+        DeploymentScheduleCreate(
+            schedule=s.schedule,
+            active=s.active,
+            max_scheduled_runs=s.max_scheduled_runs,
+            parameters=s.parameters,
+            slug=s.slug,
+        )
+        for s in found.schedules
+    ]
 
 
 def main() -> None:
@@ -19,12 +48,14 @@ def main() -> None:
             name="pipeline",
             description="The whole pipeline: download to evaluate.",
             tags=["eaglet"],
+            schedules=existing_schedules("pipeline"),
         ),
         pipeline.to_deployment(
             name="generate-only",
             description="Download, tokenize and generate; stops before extraction.",
             parameters={"until": "generate"},
             tags=["eaglet", "generation"],
+            schedules=existing_schedules("generate-only"),
         ),
     )
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_prefect_server import _start, _stop, _wait_for
+from tests.test_prefect_server import RetryingTransport, _start, _stop, _wait_for
 from tests.vllm_server import free_port
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def test_a_schedule_added_in_the_ui_survives_a_serve_restart(tmp_path):
     prefect = str(Path(sys.executable).with_name("prefect"))
     command = [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"]
     server = _start(command, env, tmp_path / "server.log")
-    client = httpx.Client(base_url=api, timeout=30)
+    client = httpx.Client(base_url=api, timeout=30, transport=RetryingTransport())  # 503: busy
     serving = None
 
     def deployment():
