@@ -1,5 +1,5 @@
 """One export per serving engine: vLLM (`draft/`), SGLang (`draft-sglang/`, ids - 1) and
-speculators (`draft-speculators/`, `layers.0.*`), each loading back to the same draft and
+speculators (`draft-speculators-eagle3/`, `layers.0.*`), each loading back to the same draft and
 naming the layer ids that engine needs. Real vLLM loading is in tests/test_serving_vllm.py."""
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ stage starts vLLM with the target and the pipeline's `draft/` export as its eagl
 the held-out prompts and puts served tau beside offline tau in report.json. Then, one server at
 a time (~30 s, ~3 GB each): the same draft with its layer ids shifted by one (tau collapses:
 the proof that vLLM reads the ids in the convention they were trained in, and the gap check
-fails on it), and the speculators-format export (loads, same tau).
+fails on it), and the speculators-format export, written as a speculators user writes it
+(loads, same tau).
 
 The draft is fed layer ids [0, 4, 5]. On this 8-layer fixture the residual streams after layer
 0 are nearly interchangeable (cosine 0.93-0.99 between neighbours), so a draft on the default
@@ -177,9 +178,27 @@ def test_vllm_reads_the_layer_ids_in_the_convention_they_were_trained_in(run, tm
     assert written["served_tau"] == pytest.approx(served["tau"], abs=0.05)
 
 
-def test_speculators_export_loads_in_vllm_with_the_same_tau(run, tmp_path):
+def test_speculators_export_loads_in_vllm_as_speculators_drafts_do(run, tmp_path):
+    """The spellings a speculators user writes, without `"method"`: the folder in
+    `--speculative-config` (vLLM 0.32 picks eagle3 from "eagle3" in its path; named
+    `draft-speculators/`, the engine died at the first request), and the folder as the main
+    model (vLLM loads the verifier its speculators_config names). Both serve the vLLM export's
+    tau."""
     speculators_dir = run["draft_dir"].with_name(SPECULATORS_FOLDER)
-    served = serve_and_measure(run, speculators_dir, tmp_path / "vllm.log")
     right = run["report"]["served"]["tau"]
-    print(f"served tau: vLLM export {right:.3f}, speculators export {served['tau']:.3f}")
-    assert served["tau"] == pytest.approx(right, abs=0.05)
+    spec = {"model": str(speculators_dir), "num_speculative_tokens": K}  # no "method"
+    with vllm_server(
+        Path(run["target"].model), tmp_path / "vllm.log", ["--speculative-config", json.dumps(spec)]
+    ) as url:
+        in_spec_config = served_acceptance(url, run["prompts"], K, 48, run["eos"])
+    # as the main model k is the export's own (train.ttt_length, 4 here) unless the
+    # speculative config sets it; compared at the offline K
+    at_k = ["--speculative-config", json.dumps({"num_speculative_tokens": K})]
+    with vllm_server(speculators_dir, tmp_path / "vllm-main.log", at_k) as url:
+        as_main_model = served_acceptance(url, run["prompts"], K, 48, run["eos"])
+    print(
+        f"served tau: vLLM export {right:.3f}; speculators export in --speculative-config "
+        f"{in_spec_config['tau']:.3f}, as the main model {as_main_model['tau']:.3f}"
+    )
+    assert in_spec_config["tau"] == pytest.approx(right, abs=0.05)
+    assert as_main_model["tau"] == pytest.approx(right, abs=0.05)

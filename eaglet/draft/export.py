@@ -6,7 +6,7 @@ The train stage writes three folders side by side, each `config.json` + `model.s
 |---|---|---|---|
 | `draft/` | vLLM (`--speculative-config` method eagle3) | as trained | `midlayer.*` |
 | `draft-sglang/` | SGLang (`--speculative-algorithm EAGLE3`) | trained ids - 1 | `midlayer.*` |
-| `draft-speculators/` | speculators; vLLM reads it too | as trained | `layers.0.*` |
+| `draft-speculators-eagle3/` | speculators; vLLM reads it too | as trained | `layers.0.*` |
 
 Why SGLang gets other ids. vLLM's id i is the residual stream entering decoder layer i (HF
 `hidden_states[i]`), which is how eaglet trains. SGLang adds 1 to every configured id before it
@@ -19,6 +19,14 @@ output of layer c: the draft trained on vLLM ids (a, b, c) must be configured as
 for SGLang. Each export's `config.json` names the convention its ids are in under
 `eaglet.aux_layer_convention` (the speculators export in the speculators convention, which is
 vLLM's). Folders are written whole through `atomic_folder`, so a crash never leaves a half export.
+
+Why "eagle3" is in the speculators folder's name. vLLM 0.32 serves a speculators draft without
+`"method"` two ways, as speculators' published drafts (`…-speculator.eagle3`) are served: as the
+main model (`vllm serve FOLDER`: the `speculators_config` names the verifier), or in
+`--speculative-config '{"model": FOLDER, ...}'`, where `SpeculativeConfig` picks the method from
+the path alone (`"eagle3" in model.lower()`, `vllm/config/speculative.py`) and otherwise runs the
+folder as a plain draft model, which kills the engine at the first request
+(`Eagle3LlamaForCausalLM.forward() missing ... 'hidden_states'`).
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ from eaglet.target import load_config
 
 VLLM_FOLDER = "draft"  # written by save_draft; checks outside the repository read this name
 SGLANG_FOLDER = "draft-sglang"
-SPECULATORS_FOLDER = "draft-speculators"
+SPECULATORS_FOLDER = "draft-speculators-eagle3"  # "eagle3": see the docstring
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
 
 
