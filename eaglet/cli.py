@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 from eaglet import work_dir_lock
 from eaglet.config import STAGES, ConfigError, PipelineConfig, load_config
+from eaglet.fixture.real_shape import SHAPES as REAL_SHAPES
 from eaglet.preflight import PreflightError, run_preflight_ahead
 from eaglet.run_report import percent, training_line
 from eaglet.storage import PARTIAL_SUFFIX, Manifest, ManifestError, read_manifest, verify_files
@@ -594,9 +595,22 @@ def _wait_for_server(api_url: str, timeout_s: float) -> bool:
 
 def cmd_fixture_model(args: argparse.Namespace) -> int:
     from eaglet.fixture.model import build_fixture_model
+    from eaglet.fixture.real_shape import MissingTokenizerPackage, build_real_shape_model
 
     started = time.time()
-    path = build_fixture_model(Path(args.out_dir), seed=args.seed)
+    if args.shape is None:
+        if args.layers is not None or args.vocab_size is not None:
+            print("error: --layers and --vocab-size go with --shape", file=sys.stderr)
+            return 2
+        path = build_fixture_model(Path(args.out_dir), seed=args.seed)
+    else:
+        try:
+            path = build_real_shape_model(
+                Path(args.out_dir), args.shape, args.layers, args.vocab_size, seed=args.seed
+            )
+        except (MissingTokenizerPackage, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     print(f"fixture model written to {path} in {time.time() - started:.1f} s")
     return 0
 
@@ -642,9 +656,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve the deployments for the Prefect UI")
     serve.set_defaults(handler=cmd_serve)
 
-    fixture = commands.add_parser("fixture-model", help="build the tiny reasoning target model")
+    fixture = commands.add_parser(
+        "fixture-model",
+        help="build the tiny reasoning target model, or a random-weight one at a real shape",
+    )
     fixture.add_argument("out_dir")
     fixture.add_argument("--seed", type=int, default=0)
+    fixture.add_argument(
+        "--shape",
+        choices=REAL_SHAPES,
+        help="a real model's shapes, random weights, its real tokenizer and chat template",
+    )
+    fixture.add_argument("--layers", type=int, help="with --shape: fewer layers, same width")
+    fixture.add_argument(
+        "--vocab-size", type=int, help="with --shape: more embedding and lm_head rows"
+    )
     fixture.set_defaults(handler=cmd_fixture_model)
     return parser
 

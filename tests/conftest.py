@@ -195,7 +195,12 @@ def small_tmpfs(mount: Path, size: str):
 
 # The longest modules start first, so that under pytest-xdist (`--dist loadfile`) no worker is
 # left with one of them at the end while the other idles: the demo builds its own model.
-LONGEST_MODULES = ("test_pipeline.py", "test_serving_vllm.py", "test_security.py")
+LONGEST_MODULES = (
+    "test_pipeline.py",
+    "test_serving_vllm.py",
+    "test_security.py",
+    "test_real_shape.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from eaglet.config import load_config
+from eaglet.fixture.real_shape import QWEN3_SHAPES
 from eaglet.hidden_states.budget import estimate_bytes
 from eaglet.preflight import (
     PreflightReport,
@@ -40,19 +41,7 @@ STAND_IN_CONFIGS: dict[str, dict] = {
     "qwen3-8b-vllm.yaml": {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
-        "hidden_size": 4096,
-        "intermediate_size": 12288,
-        "num_hidden_layers": 36,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "vocab_size": 151936,
-        "max_position_embeddings": 40960,
-        "rope_theta": 1000000,
-        "rms_norm_eps": 1e-06,
-        "tie_word_embeddings": False,
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
+        **QWEN3_SHAPES["qwen3-8b"],
     },
     "gpt-oss-20b-vllm.yaml": {
         "architectures": ["GptOssForCausalLM"],

