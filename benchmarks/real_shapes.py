@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.startup import start_prefect_server  # noqa: E402
-from eaglet.config import STAGES  # noqa: E402
 from eaglet.records.io import read_jsonl  # noqa: E402
+from eaglet.stages import STAGES  # noqa: E402
 
 MB = 2**20
 VOCABULARIES = {"201k": 201088}  # a target name's "-v201k": gpt-oss's vocabulary size

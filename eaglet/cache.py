@@ -25,8 +25,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from eaglet.config import PipelineConfig
+from pydantic import BaseModel
+
+from eaglet.config import PipelineConfig, is_cache_neutral
 from eaglet.engines.registry import engine_spec
+from eaglet.stages import STAGE
 from eaglet.storage import Manifest, canonical_json, sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,9 +131,10 @@ def import_closure(
 
 
 def stage_modules(stage: str, config: PipelineConfig | None = None) -> tuple[str, ...]:
-    """The modules whose source decides a stage's output: the import closure of its task
-    module `tasks/<stage>.py`, and for generate that of the configured engine."""
-    roots = (f"tasks.{stage}",)
+    """The modules whose source decides a stage's output: the import closure of its body's
+    module (`eaglet.stages`) and of its task module `tasks/<stage>.py`, and for generate that
+    of the configured engine."""
+    roots = (STAGE[stage].body.partition(":")[0], f"tasks.{stage}")
     skip: frozenset[str] = frozenset()
     if stage == "generate" and config is not None:
         roots += (engine_spec(config.generation.engine).module,)
@@ -194,64 +198,32 @@ def file_fingerprint(path: str) -> str:
     return _file_fingerprint(local) if local.is_file() else f"hub:{path}"
 
 
+def keyed_fields(model: BaseModel) -> dict[str, Any]:
+    """A config section's values but its cache-neutral fields (`eaglet.config.cache_neutral`):
+    what can change a stage's output."""
+    neutral = {name for name, f in type(model).model_fields.items() if is_cache_neutral(f)}
+    return model.model_dump(exclude=neutral)
+
+
+def keyed_value(config: PipelineConfig, path: str) -> Any:
+    """The value a stage key holds for the dotted config path `path` (`eaglet.stages`): model
+    folders and local dataset files by content, config sections by their keyed fields."""
+    if path == "target.model":
+        return model_fingerprint(config.target.model, config.target.revision)
+    if path == "datasets":
+        return [
+            {**d.model_dump(exclude={"path"}), "content": file_fingerprint(d.path)}
+            for d in config.datasets
+        ]
+    value: Any = config
+    for name in path.split("."):
+        value = getattr(value, name)
+    return keyed_fields(value) if isinstance(value, BaseModel) else value
+
+
 def stage_config(stage: str, config: PipelineConfig) -> dict[str, Any]:
     """The part of the configuration that can change a stage's output (and so its key)."""
-    target = {"model": model_fingerprint(config.target.model, config.target.revision)}
-    gen = config.generation
-    subsets: dict[str, dict[str, Any]] = {
-        "download": {
-            "datasets": [
-                {**d.model_dump(exclude={"path"}), "content": file_fingerprint(d.path)}
-                for d in config.datasets
-            ]
-        },
-        "tokenize": {"tokenize": config.tokenize.model_dump(), "target": target},
-        # Endpoints, concurrency and batch size change how fast, not what is generated.
-        "generate": {
-            "engine": gen.engine,
-            "max_tokens": gen.max_tokens,
-            "temperature": gen.temperature,
-            "top_p": gen.top_p,
-            "seed": gen.seed,
-            "stop": gen.stop,
-            "target": target,
-        },
-        "extract": {"reasoning": config.reasoning.model_dump(), "target": target},
-        "hidden_states": {
-            # Batching, placement and where the vllm servers are change how fast, not what.
-            "hidden_states": config.hidden_states.model_dump(
-                exclude={
-                    "batch_size",
-                    "batch_tokens",
-                    "device_map",
-                    "endpoints",
-                    "connector_path",
-                    "served_model",
-                    "concurrency",
-                    "request_timeout_s",
-                }
-            ),
-            "target": target,
-            "target_dtype": config.target.dtype,
-        },
-        "train": {
-            "train": config.train.model_dump(exclude={"threads"}),  # threads: how fast, not what
-            "target": target,
-            # Online, train computes the features itself: what decides them is keyed here.
-            **(
-                {
-                    "online_features": {
-                        "aux_layer_ids": config.hidden_states.aux_layer_ids,
-                        "target_dtype": config.target.dtype,
-                    }
-                }
-                if config.train.hidden_states == "online"
-                else {}
-            ),
-        },
-        "evaluate": {"evaluate": config.evaluate.model_dump(), "target": target},
-    }
-    return subsets[stage]
+    return {path: keyed_value(config, path) for path in STAGE[stage].key_paths(config)}
 
 
 def stage_key(stage: str, config: PipelineConfig, upstream: list[Manifest]) -> str:

@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from eaglet import work_dir_lock
-from eaglet.config import STAGES, ConfigError, PipelineConfig, load_config
+from eaglet.config import ConfigError, PipelineConfig, load_config
 from eaglet.fixture.real_shape import SHAPES as REAL_SHAPES
 from eaglet.preflight import PreflightError, run_preflight_ahead
 from eaglet.run_report import percent, training_line
+from eaglet.stages import STAGES
 from eaglet.storage import PARTIAL_SUFFIX, Manifest, ManifestError, read_manifest, verify_files
 
 # `eaglet run`/`demo` on a work dir another run holds: EX_TEMPFAIL, try again later.

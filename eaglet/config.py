@@ -20,6 +20,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 
 from eaglet.errors import PermanentError
 from eaglet.local_paths import absolute, is_hub_dataset, is_hub_id
@@ -38,8 +39,15 @@ def base_url(url: str) -> str:
 
 BaseUrl = Annotated[str, AfterValidator(base_url)]
 
-STAGES = ("download", "tokenize", "generate", "extract", "hidden_states", "train", "evaluate")
-Stage = Literal["download", "tokenize", "generate", "extract", "hidden_states", "train", "evaluate"]
+# Marks a field that changes how fast or where a stage runs, never what it writes: a stage's
+# cache key leaves it out (eaglet.cache), so changing it reuses every finished stage. The UI
+# form's schema carries the mark too.
+CACHE_NEUTRAL = {"cache_neutral": True}
+
+
+def is_cache_neutral(field: FieldInfo) -> bool:
+    extra = field.json_schema_extra
+    return isinstance(extra, dict) and extra.get("cache_neutral") is True
 
 
 class ConfigError(PermanentError, ValueError):
@@ -110,24 +118,43 @@ class GenerationConfig(_Strict):
         default_factory=lambda: ["http://127.0.0.1:8000"],
         description="Base URLs of the inference servers (HTTP engines); http://host:port and "
         "http://host:port/v1 name the same server.",
+        json_schema_extra=CACHE_NEUTRAL,
     )
-    served_model: str = Field("tiny", description="Model name the server expects (HTTP engines).")
+    served_model: str = Field(
+        "tiny",
+        description="Model name the server expects (HTTP engines).",
+        json_schema_extra=CACHE_NEUTRAL,
+    )
     max_tokens: int = Field(256, ge=1, le=1_000_000, description="Maximum output tokens.")
     temperature: float = Field(0.0, ge=0.0, le=10.0, description="0 = greedy decoding.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     seed: int = Field(0, description="Sampling seed.")
     stop: list[str] = Field(default_factory=list, description="Extra stop strings.")
-    concurrency: int = Field(128, ge=1, le=100_000, description="Requests in flight (HTTP).")
-    batch_size: int = Field(16, ge=1, le=4096, description="Prompts per batch (local engine).")
+    concurrency: int = Field(
+        128,
+        ge=1,
+        le=100_000,
+        description="Requests in flight (HTTP).",
+        json_schema_extra=CACHE_NEUTRAL,
+    )
+    batch_size: int = Field(
+        16,
+        ge=1,
+        le=4096,
+        description="Prompts per batch (local engine).",
+        json_schema_extra=CACHE_NEUTRAL,
+    )
     api_key_env: str | None = Field(
         None,
         description="Name of the environment variable that holds the server's API key, sent as "
         "'Authorization: Bearer'. The key itself never goes in the config (HTTP engines).",
+        json_schema_extra=CACHE_NEUTRAL,
     )
     api_key_secret: str | None = Field(
         None,
         description="Name of a Prefect Secret block that holds the server's API key, read by "
         "the generate task on the worker; an alternative to api_key_env (HTTP engines).",
+        json_schema_extra=CACHE_NEUTRAL,
     )
     request_timeout_s: float = Field(
         1800.0,
@@ -135,6 +162,7 @@ class GenerationConfig(_Strict):
         le=86_400.0,
         description="Seconds one request may take in all (connect + generate + read) before it "
         "is abandoned and retried. Long reasoning answers need minutes (HTTP engines).",
+        json_schema_extra=CACHE_NEUTRAL,
     )
     max_retries: int = Field(
         5,
@@ -142,6 +170,7 @@ class GenerationConfig(_Strict):
         le=100,
         description="Retries of one request after connection errors, timeouts, 429 and 5xx; "
         "other 4xx answers are never retried (HTTP engines).",
+        json_schema_extra=CACHE_NEUTRAL,
     )
     retry_backoff_s: float = Field(
         1.0,
@@ -149,6 +178,7 @@ class GenerationConfig(_Strict):
         le=600.0,
         description="Base of the exponential backoff between retries (full jitter: a random "
         "wait up to base * 2^attempt, at most 60 s); a 429's Retry-After wins (HTTP engines).",
+        json_schema_extra=CACHE_NEUTRAL,
     )
     max_failure_fraction: float = Field(
         0.01,
@@ -156,6 +186,7 @@ class GenerationConfig(_Strict):
         le=1.0,
         description="The generate stage fails when more than this fraction of prompts failed "
         "for good; failed prompts are listed in failed.jsonl and retried by a rerun.",
+        json_schema_extra=CACHE_NEUTRAL,
     )
     canary_requests: int = Field(
         4,
@@ -163,6 +194,7 @@ class GenerationConfig(_Strict):
         le=64,
         description="Real requests the preflight canary (eaglet doctor, and the generate stage "
         "before its run) sends to check the server's answers.",
+        json_schema_extra=CACHE_NEUTRAL,
     )
     canary_timeout_s: float = Field(
         45.0,
@@ -171,6 +203,7 @@ class GenerationConfig(_Strict):
         description="The canary's whole budget in seconds: health checks and its requests "
         "(each also capped by request_timeout_s) end by then, so a server that accepts "
         "connections and never answers fails the canary within this time (HTTP engines).",
+        json_schema_extra=CACHE_NEUTRAL,
     )
     canary_max_tokens: int = Field(
         512,
@@ -179,12 +212,14 @@ class GenerationConfig(_Strict):
         description="Output tokens per canary request: min(max_tokens, this). Answers cut "
         "here are not judged on their closing tag; raise it for a model that thinks long "
         "(and canary_timeout_s with it) (HTTP engines).",
+        json_schema_extra=CACHE_NEUTRAL,
     )
     canary_accept_text_only: bool = Field(
         False,
         description="Let the canary pass a server that returns text but no token ids (openai "
         "engine): records are then rebuilt from text and re-tokenized, not token-exact. Off: "
         "most canary answers without ids fail the canary (HTTP engines).",
+        json_schema_extra=CACHE_NEUTRAL,
     )
 
     @model_validator(mode="after")
@@ -245,13 +280,20 @@ class HiddenStatesConfig(_Strict):
     shard_tokens: int = Field(
         65536, ge=256, description="Tokens per safetensors shard before a new one is started."
     )
-    batch_size: int = Field(8, ge=1, le=1024, description="Sequences per target forward.")
+    batch_size: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="Sequences per target forward.",
+        json_schema_extra=CACHE_NEUTRAL,
+    )
     batch_tokens: int = Field(
         16384,
         ge=16,
         le=10_000_000,
         description="Padded tokens per target forward at most (hf backend): batches are "
         "bucketed by length, so padding stays small.",
+        json_schema_extra=CACHE_NEUTRAL,
     )
     storage: Literal["float32", "bfloat16", "int8", "fp8"] = Field(
         "int8",
@@ -270,21 +312,36 @@ class HiddenStatesConfig(_Strict):
         None,
         description="hf backend: 'auto' spreads a model larger than one GPU over all GPUs "
         "(transformers device_map); None loads it on target.device.",
+        json_schema_extra=CACHE_NEUTRAL,
     )
     endpoints: list[BaseUrl] = Field(
         default_factory=lambda: ["http://127.0.0.1:8000"],
         description="vllm backend: base URLs of the vLLM servers that extract hidden states.",
+        json_schema_extra=CACHE_NEUTRAL,
     )
     connector_path: str | None = Field(
         None,
         description="vllm backend: the connector's shared_storage_path as eaglet sees it (the "
         "server writes one safetensors file per request there); needed for a server eaglet "
         "does not start. eaglet reads and deletes files only there.",
+        json_schema_extra=CACHE_NEUTRAL,
     )
-    served_model: str = Field("tiny", description="vllm backend: the served model name.")
-    concurrency: int = Field(8, ge=1, le=4096, description="vllm backend: requests in flight.")
+    served_model: str = Field(
+        "tiny", description="vllm backend: the served model name.", json_schema_extra=CACHE_NEUTRAL
+    )
+    concurrency: int = Field(
+        8,
+        ge=1,
+        le=4096,
+        description="vllm backend: requests in flight.",
+        json_schema_extra=CACHE_NEUTRAL,
+    )
     request_timeout_s: float = Field(
-        600.0, gt=0.0, le=86_400.0, description="vllm backend: seconds one request may take."
+        600.0,
+        gt=0.0,
+        le=86_400.0,
+        description="vllm backend: seconds one request may take.",
+        json_schema_extra=CACHE_NEUTRAL,
     )
     vllm_python: str | None = Field(
         None,
@@ -303,6 +360,7 @@ class HiddenStatesConfig(_Strict):
         gt=0.0,
         le=86_400.0,
         description="vllm backend: seconds the server eaglet starts may take to be healthy.",
+        json_schema_extra=CACHE_NEUTRAL,
     )
 
     @model_validator(mode="after")
@@ -452,6 +510,7 @@ class TrainConfig(_Strict):
         description="torch intra-op threads per training process; None = eaglet's choice, as "
         "in every torch stage: the CPUs the process may use (affinity, cgroup quota) less those "
         "other processes keep busy when the stage starts (OMP_NUM_THREADS, when set, wins).",
+        json_schema_extra=CACHE_NEUTRAL,
     )
     nproc_per_node: int = Field(
         1,
@@ -524,7 +583,11 @@ class EvaluateConfig(_Strict):
         description="Extra arguments for the vLLM server eaglet starts (e.g. --enforce-eager).",
     )
     serving_startup_timeout_s: float = Field(
-        600.0, gt=0, le=7200, description="Seconds to wait for the started server's /health."
+        600.0,
+        gt=0,
+        le=7200,
+        description="Seconds to wait for the started server's /health.",
+        json_schema_extra=CACHE_NEUTRAL,
     )
     max_serving_gap: float = Field(
         0.25,

@@ -31,6 +31,7 @@ from eaglet.records.examples import Example
 from eaglet.records.generations import Generation
 from eaglet.records.io import read_jsonl, record_line
 from eaglet.records.prompts import Prompt
+from eaglet.stages import EXAMPLES_FILE, QUALITY_FILE
 from eaglet.storage import write_json_atomic
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -454,7 +455,7 @@ def write_examples(
     }
     quality = QualityTally()
     with (
-        open(out_dir / "examples.jsonl", "w", encoding="utf-8") as out,
+        open(out_dir / EXAMPLES_FILE, "w", encoding="utf-8") as out,
         open(out_dir / "template_mismatches.jsonl", "w", encoding="utf-8") as mismatches,
         open(out_dir / "server_disagreements.jsonl", "w", encoding="utf-8") as disagreements,
     ):
@@ -476,7 +477,7 @@ def write_examples(
             out.write(record_line(example))
             quality.add(example, len(split.ids("reasoning")), server)
     report = quality.report(reasoning_format)
-    write_json_atomic(out_dir / "quality.json", report)
+    write_json_atomic(out_dir / QUALITY_FILE, report)
     return report
 
 

@@ -18,6 +18,7 @@ from eaglet.errors import PermanentError
 from eaglet.records.io import read_jsonl, record_line
 from eaglet.records.prompts import Prompt
 from eaglet.records.samples import Sample
+from eaglet.stages import PROMPTS_FILE, REJECTED_FILE
 from eaglet.storage import finished_folder
 
 
@@ -159,8 +160,8 @@ def write_prompts(
     counts = {"records": 0, "rejected": 0, "too_long": 0, "over_context": 0}
     longest_token = longest_token_chars(tokenizer)
     with (
-        open(folder / "prompts.jsonl", "w", encoding="utf-8") as out,
-        open(folder / "rejected.jsonl", "w", encoding="utf-8") as rejects,
+        open(folder / PROMPTS_FILE, "w", encoding="utf-8") as out,
+        open(folder / REJECTED_FILE, "w", encoding="utf-8") as rejects,
     ):
         for sample in read_jsonl(samples_path, Sample):
             problem: tuple[str, str] | None = None

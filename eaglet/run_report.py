@@ -18,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from eaglet.config import STAGES, PipelineConfig, resolve_paths
+from eaglet.config import PipelineConfig, resolve_paths
+from eaglet.stages import FAILED_FILE, STAGES
 from eaglet.storage import ManifestError, read_manifest, write_json_atomic
 
 RUN_FILE = "run.json"
@@ -116,7 +117,7 @@ def describe_partial(folder: Path) -> dict[str, Any]:
         if path.suffix == ".jsonl" and path.parent == folder
     }
     failed_ids = []
-    failed = folder / "failed.jsonl"
+    failed = folder / FAILED_FILE
     if failed.is_file():
         for line in failed.read_text(encoding="utf-8", errors="replace").splitlines():
             try:

@@ -277,6 +277,14 @@ def finished_folder(folder: Path) -> Path:
     return folder.with_name(folder.name.removesuffix(PARTIAL_SUFFIX))
 
 
+def final_path(path: Path) -> Path:
+    """`path` inside a stage's `.partial` folder, as it will be once the stage finishes."""
+    for parent in path.parents:
+        if parent.name.endswith(PARTIAL_SUFFIX):
+            return finished_folder(parent) / path.relative_to(parent)
+    return path
+
+
 @dataclass
 class StageOutput:
     """What a stage body reports back: record counts and stage-specific figures."""

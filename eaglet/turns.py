@@ -30,6 +30,7 @@ from eaglet.reasoning import ReasoningFormat, detect_format
 from eaglet.records.generations import Generation
 from eaglet.records.io import read_jsonl, write_jsonl
 from eaglet.records.prompts import TURN_SEPARATOR, Prompt, conversation_id
+from eaglet.stages import FAILED_FILE, GENERATIONS_FILE, TURN_PROMPTS_FILE
 from eaglet.target import end_token_ids
 
 # Parts of a split that are the answer the next turn's template renders as `content`.
@@ -185,12 +186,12 @@ def generate_every_turn(
         run_turn_by_turn_generation(
             engine,
             first_turns,
-            folder / "generations.jsonl",
-            folder / "failed.jsonl",
+            folder / GENERATIONS_FILE,
+            folder / FAILED_FILE,
             next_prompt,
             progress,
             config.generation.max_failure_fraction,
         )
     )
-    write_jsonl(folder / "turn_prompts.jsonl", later_turns)
+    write_jsonl(folder / TURN_PROMPTS_FILE, later_turns)
     return summary

@@ -11,7 +11,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from eaglet import shutdown, work_dir_lock
-from eaglet.config import STAGES, PipelineConfig, Stage, load_config
+from eaglet.config import PipelineConfig, load_config
 from eaglet.preflight import run_preflight, take_passed_ahead
 from eaglet.run_report import (
     failure_entry,
@@ -19,6 +19,7 @@ from eaglet.run_report import (
     write_run_record,
     write_run_report,
 )
+from eaglet.stages import STAGE_LIST, STAGES, StageName
 from eaglet.storage import stage_dir
 from tasks.caching import partial_folder, result_storage_path, stage_failure
 from tasks.download import download
@@ -38,6 +39,7 @@ TASKS = {
     "train": train,
     "evaluate": evaluate,
 }
+assert tuple(TASKS) == STAGES, "one task per stage of eaglet.stages, in its order"
 
 
 def run_name() -> str:
@@ -94,8 +96,8 @@ def interrupted_entry(
 def pipeline(
     config: PipelineConfig = PipelineConfig(),  # noqa: B008 - the UI form shows these defaults
     config_path: str | None = None,
-    until: Stage = "evaluate",
-    refresh_from: Stage | None = None,
+    until: StageName = "evaluate",
+    refresh_from: StageName | None = None,
     retry_failed: bool = False,
 ) -> dict:
     """Regenerate the target's answers and train an EAGLE-3 draft on them.
@@ -130,8 +132,8 @@ def pipeline(
 def run_stages(
     config: PipelineConfig,
     config_path: str | None,
-    until: Stage,
-    refresh_from: Stage | None,
+    until: StageName,
+    refresh_from: StageName | None,
     retry_failed: bool,
 ) -> dict:
     """The flow's body, under the work dir's lock: the preflight, each stage up to `until`,
@@ -141,11 +143,8 @@ def run_stages(
     storage = result_storage_path(config)
     record = start_run_record(config, config_path, until, refresh_from)
     summary: dict[str, dict] = record["stages"]
-    results: dict[str, dict] = {}
 
-    def run(stage: str, **inputs: dict) -> dict | None:
-        if STAGES.index(stage) > STAGES.index(until):
-            return None
+    def run(stage: str, **inputs: dict) -> dict:
         started = time.time()
         retry = stage == "generate" and retry_failed
         task = TASKS[stage].with_options(
@@ -173,26 +172,18 @@ def run_stages(
             "seconds": round(time.time() - started, 2),
         }
         write_run_record(work_dir, record)
-        results[stage] = manifest
         return manifest
 
+    outputs: dict[str, dict] = {}  # each stage's manifest by its output name (eaglet.stages)
     try:
-        samples = run("download")
-        prompts = run("tokenize", samples=samples) if samples else None
-        generations = run("generate", prompts=prompts) if prompts else None
-        examples = run("extract", generations=generations, prompts=prompts) if generations else None
-        online = config.train.hidden_states == "online"  # no shards: train runs the target
-        wanted = STAGES.index(until) >= STAGES.index("hidden_states")
-        if examples and not online and wanted and config.execution.task_runner == "dask":
-            shutdown.set_stage("hidden_states")
-            map_hidden_state_shards(config, examples)  # shard tasks on the cluster first
-        features = run("hidden_states", examples=examples) if examples and not online else None
-        if online:
-            draft = run("train", examples=examples) if examples else None
-        else:
-            draft = run("train", features=features) if features else None
-        if draft:
-            run("evaluate", draft=draft, prompts=prompts)
+        for spec in STAGE_LIST[: STAGES.index(until) + 1]:
+            if not spec.runs(config):  # hidden_states, online: train runs the target itself
+                continue
+            inputs = {name: outputs[name] for name in spec.inputs(config)}
+            if spec.name == "hidden_states" and config.execution.task_runner == "dask":
+                shutdown.set_stage("hidden_states")
+                map_hidden_state_shards(config, inputs["examples"])  # shard tasks first
+            outputs[spec.output] = run(spec.name, **inputs)
         shutdown.set_stage("the run report")
     finally:
         create_markdown_artifact(
@@ -200,4 +191,4 @@ def run_stages(
             key="run-report",
             description=f"eaglet run {config.name}: per stage, Cached or ran, and key figures",
         )
-    return {"stages": summary, "evaluation": results.get("evaluate", {}).get("info", {})}
+    return {"stages": summary, "evaluation": outputs.get("report", {}).get("info", {})}

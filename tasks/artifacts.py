@@ -1,5 +1,5 @@
 """What the stage tasks show in the Prefect UI besides logs: plots as image artifacts the run
-page displays, and the paths artifacts name, as they will be once the stage finishes."""
+page displays, described with the path they will have once the stage finishes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prefect.artifacts import create_image_artifact
 
-from eaglet.storage import finished_folder
+from eaglet.storage import final_path
 
 # A plot is sent inline (a data: URL): the browser showing the UI may not reach the machine
 # that holds the work dir. Larger plots are named by path only.
@@ -25,11 +25,3 @@ def publish_plot(path: Path, key: str, description: str) -> None:
     create_image_artifact(
         image_url=f"data:image/png;base64,{data}", key=key, description=f"{description} ({final})"
     )
-
-
-def final_path(path: Path) -> Path:
-    """`path` inside a stage's `.partial` folder, as it will be once the stage finishes."""
-    for parent in path.parents:
-        if parent.name.endswith(".partial"):
-            return finished_folder(parent) / path.relative_to(parent)
-    return path

@@ -24,33 +24,24 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.context import TaskRunContext
 from prefect.states import State
 
-from eaglet.cache import code_hash, stage_config, stage_key
+from eaglet.cache import stage_key
 from eaglet.config import PipelineConfig
 from eaglet.errors import is_transient
 from eaglet.run_report import failure_entry, failure_note, read_run_record
-from eaglet.storage import (
-    PARTIAL_SUFFIX,
-    Manifest,
-    StageOutput,
-    reusable_stage,
-    run_stage,
-    stage_folder,
-)
-
-UPSTREAM: dict[str, tuple[str, ...]] = {
-    "download": (),
-    "tokenize": ("samples",),
-    "generate": ("prompts",),
-    "extract": ("generations", "prompts"),
-    "hidden_states": ("examples",),
-    "train": ("features", "examples"),  # one of them: offline reads features, online examples
-    "evaluate": ("draft", "prompts"),
-}
+from eaglet.stage_runner import run_stage_body
+from eaglet.stages import upstream_names
+from eaglet.storage import PARTIAL_SUFFIX, Manifest, reusable_stage, stage_folder
+from tasks.context import PrefectContext
 
 
 def upstream_manifests(stage: str, inputs: dict[str, Any]) -> list[Manifest]:
-    given = [name for name in UPSTREAM[stage] if inputs.get(name) is not None]
-    return [Manifest.model_validate(inputs[name]) for name in given]
+    """The manifests of the earlier stages `stage` was handed (task parameters by output name)."""
+    return list(given_inputs(stage, inputs).values())
+
+
+def given_inputs(stage: str, inputs: dict[str, Any]) -> dict[str, Manifest]:
+    given = [name for name in upstream_names(stage) if inputs.get(name) is not None]
+    return {name: Manifest.model_validate(inputs[name]) for name in given}
 
 
 @dataclass
@@ -95,25 +86,13 @@ def run_stage_task(
     stage: str,
     config: PipelineConfig,
     inputs: dict[str, Any],
-    body: Callable[[Path], StageOutput],
-    resume_partial: bool = False,
     refresh: bool = False,
     reopen_if: Callable[[Manifest], bool] | None = None,
-) -> Manifest:
-    """Run one stage into `WORK_DIR/<stage>/<key>/` (or reuse it) and return its manifest."""
-    upstream = upstream_manifests(stage, inputs)
-    return run_stage(
-        work_dir=Path(config.work_dir),
-        stage=stage,
-        key=stage_key(stage, config, upstream),
-        code_hash=code_hash(stage, config),
-        config=stage_config(stage, config),
-        upstream=upstream,
-        body=body,
-        resume_partial=resume_partial,
-        refresh=refresh,
-        reopen_if=reopen_if,
-    )
+) -> dict[str, Any]:
+    """Run one stage's body into `WORK_DIR/<stage>/<key>/` (or reuse the folder) with the
+    Prefect context, and return its manifest as the task's result."""
+    given = given_inputs(stage, inputs)
+    return run_stage_body(stage, config, given, PrefectContext(), refresh, reopen_if).model_dump()
 
 
 def partial_folder(stage: str, config: PipelineConfig, inputs: dict[str, Any]) -> tuple[str, Path]:

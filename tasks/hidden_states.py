@@ -1,7 +1,8 @@
 """The hidden_states stage as Prefect tasks: examples → safetensors feature shards.
 
-`hidden_states` is the stage (cached by its key): it plans the shards, checks the disk
-budget, builds every shard not yet finished and writes the index and the manifest. Its partial
+`hidden_states` is the stage (cached by its key; its work: `eaglet.stage_bodies.hidden_states`):
+it plans the shards, checks the disk budget, builds every shard not yet finished and writes the
+index and the manifest. Its partial
 folder survives a crash, and a rerun keeps every finished shard (verified by its sha256).
 With `execution.task_runner: dask`, `map_hidden_state_shards` first builds the shards as
 mapped `hidden_states_shard` tasks on a Dask cluster; the stage task then only verifies and
@@ -16,43 +17,23 @@ from dataclasses import asdict
 from pathlib import Path
 
 from prefect import get_run_logger, task, unmapped
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from eaglet.config import ExecutionConfig, PipelineConfig
 from eaglet.errors import PermanentError
-from eaglet.hidden_states.stage import (
-    ShardSpec,
-    backend_factory,
-    build_shard,
-    prepare_stage,
-    stage_body,
-)
+from eaglet.hidden_states.stage import ShardSpec, backend_factory, build_shard, prepare_stage
 from eaglet.hidden_states.vllm import started_server
+from eaglet.stages import EXAMPLES_FILE
 from eaglet.storage import read_manifest, stage_dir
 from tasks.caching import partial_folder, run_stage_task, stage_task
 
 
 def _examples_path(config: PipelineConfig, examples: dict) -> Path:
-    return stage_dir(config.work_dir, examples) / "examples.jsonl"
+    return stage_dir(config.work_dir, examples) / EXAMPLES_FILE
 
 
 @stage_task("hidden_states", retries=1)  # a killed worker: finished shards are kept
 def hidden_states(config: PipelineConfig, examples: dict, refresh: bool = False) -> dict:
-    logger = get_run_logger()
-    progress_id = create_progress_artifact(
-        progress=0.0, key="hidden-states-progress", description="hidden_states: tokens done"
-    )
-
-    def on_progress(fraction: float) -> None:
-        update_progress_artifact(progress_id, progress=100.0 * fraction)
-
-    mapped = config.execution.task_runner == "dask"  # shard tasks verified or built each shard
-    body = stage_body(
-        config, _examples_path(config, examples), logger.info, on_progress, verify_hash=not mapped
-    )
-    return run_stage_task(
-        "hidden_states", config, {"examples": examples}, body, resume_partial=True, refresh=refresh
-    ).model_dump()
+    return run_stage_task("hidden_states", config, {"examples": examples}, refresh=refresh)
 
 
 @task(name="hidden_states_plan", task_run_name="hidden_states_plan[{config.name}]")

@@ -222,8 +222,8 @@ def test_a_quick_run_after_the_demo_has_every_stage_key_of_the_demo(tmp_path, mo
     for every stage mean a default run after `eaglet demo` finds every stage Cached."""
     from eaglet.cache import stage_config
     from eaglet.cli import demo_config
-    from eaglet.config import STAGES
     from eaglet.fixture.demo import ensure_demo_inputs
+    from eaglet.stages import STAGES
 
     monkeypatch.chdir(tmp_path)
     make_target(tmp_path / "runs" / "demo" / "models" / "fixture")  # stands in for the fixture

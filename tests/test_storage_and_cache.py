@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from eaglet import cache
-from eaglet.config import STAGES, load_config
+from eaglet.config import load_config
 from eaglet.progress import Throttle
 from eaglet.records.io import repair_and_read_ids
+from eaglet.stages import STAGES
 from eaglet.storage import StageOutput, atomic_folder, read_manifest, replace_folder, run_stage
 
 
@@ -135,7 +136,7 @@ def test_stage_closures_hold_the_modules_a_hand_kept_list_missed():
     assert "eaglet.engines.http" in cache.stage_modules("generate", vllm)
 
 
-# Which stages' manifests each stage reads (tasks/caching.py::UPSTREAM by stage name).
+# Which stages' manifests each stage reads (eaglet.stages: `reads`, by stage name).
 UPSTREAM_STAGES = {
     "download": [],
     "tokenize": ["download"],
@@ -150,7 +151,8 @@ KEYS_SCRIPT = """
 import json, sys
 from pathlib import Path
 from eaglet import cache
-from eaglet.config import STAGES, load_config
+from eaglet.config import load_config
+from eaglet.stages import STAGES
 from eaglet.storage import Manifest
 assert cache.ROOT == Path.cwd().resolve(), (cache.ROOT, Path.cwd())
 upstream_of = json.loads(sys.argv[1])

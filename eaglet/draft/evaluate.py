@@ -38,6 +38,7 @@ from eaglet.draft.checkpoint import config_from_json, load_draft
 from eaglet.draft.model import Eagle3Draft, KVCache, ttt_attention_mask
 from eaglet.draft.serving import check_gap, emitted_tau, measure_served
 from eaglet.errors import NonFiniteError
+from eaglet.stages import REPORT_FILE
 from eaglet.storage import write_json_atomic
 from eaglet.target import load_model
 
@@ -476,8 +477,8 @@ def evaluation_report(
         report.update(
             served=served, served_tau=served["tau"], serving_gap=abs(served["tau"] - trained["tau"])
         )
-    write_json_atomic(folder / "report.json", report)
+    write_json_atomic(folder / REPORT_FILE, report)
     plot_acceptance(trained, folder / "acceptance.png")
     if served is not None:
-        check_gap(served, trained["tau"], settings.max_serving_gap, str(folder / "report.json"))
+        check_gap(served, trained["tau"], settings.max_serving_gap, str(folder / REPORT_FILE))
     return report

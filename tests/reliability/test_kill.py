@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglet.config import STAGES
+from eaglet.stages import STAGES
 from tests.conftest import small_run_overrides
 from tests.reliability.conftest import (
     kill_group,

@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eaglet.config import STAGES
+from eaglet.stages import STAGES
 from tests.conftest import SharedPrefectServer, small_run_overrides
 from tests.reliability.conftest import (
     kill_group,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from eaglet.cli import WORK_DIR_LOCKED_EXIT
-from eaglet.config import STAGES
+from eaglet.stages import STAGES
 from eaglet.work_dir_lock import LOCK_FILE
 from tests.conftest import cli_env, run_cli
 from tests.reliability.conftest import (

@@ -1,0 +1,92 @@
+"""The evaluate stage: held-out prompts → acceptance length τ of the draft, beside an untrained
+draft's τ (and, with evaluate.serving=vllm, τ served by vLLM), as `report.json`, a PNG plot and
+artifacts."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from eaglet.config import PipelineConfig
+from eaglet.draft.evaluate import evaluation_report
+from eaglet.progress import Throttle
+from eaglet.records.io import read_jsonl
+from eaglet.records.prompts import Prompt
+from eaglet.split import is_heldout
+from eaglet.stage_context import StageContext
+from eaglet.stages import DRAFT_FOLDER, PROMPTS_FILE, REPORT_FILE
+from eaglet.storage import Manifest, StageOutput, final_path, stage_dir
+from eaglet.target import end_token_ids, load_tokenizer
+
+
+def run(
+    ctx: StageContext, config: PipelineConfig, inputs: dict[str, Manifest], folder: Path
+) -> StageOutput:
+    settings = config.evaluate
+    fraction = config.train.holdout_fraction
+    prompts = inputs["prompts"]
+    heldout = [
+        p.prompt_ids
+        for p in read_jsonl(stage_dir(config.work_dir, prompts) / PROMPTS_FILE, Prompt)
+        if is_heldout(p.sample_id, fraction)
+    ][: settings.max_prompts]
+    if not heldout:
+        raise ValueError(
+            f"no held-out prompts: train.holdout_fraction={fraction} left none of "
+            f"{prompts.counts['records']} prompts for evaluation; raise it"
+        )
+    # The vLLM export; layer ids from the draft's own config: what a server reads.
+    draft_dir = stage_dir(config.work_dir, inputs["draft"]) / DRAFT_FOLDER
+    eos = end_token_ids(config.target, load_tokenizer(config.target))
+    throttle = Throttle()
+
+    def progress(update: dict) -> None:
+        if throttle.ready(force=update["done"] == update["total"]):
+            ctx.info(
+                f"evaluate {update['done']}/{update['total']} prompt passes ({update['pass']}), "
+                f"{update['done'] / max(update['elapsed_s'], 1e-9):.2f} prompts/s, "
+                f"ETA {timedelta(seconds=round(update['eta_s']))}"
+            )
+
+    report = evaluation_report(
+        settings, config.target, draft_dir, heldout, eos, None, folder, progress
+    )
+    trained, baseline = report["draft"], report["untrained"]
+    served = report.get("served")
+    line = (
+        f"acceptance length tau {trained['tau']:.3f} (untrained draft {baseline['tau']:.3f}; "
+        f"{trained['emitted_tau']:.3f} output tokens per round) on {len(heldout)} held-out "
+        f"prompts, k = {settings.num_speculative_tokens}"
+    )
+    if served is not None:
+        line += f"; served by vLLM: tau {served['tau']:.3f} (gap {report['serving_gap']:.3f})"
+    ctx.info(line)
+    by_k = ", ".join(f"k={k}: {tau:.3f}" for k, tau in report["tau_by_k"].items())
+    ctx.markdown(
+        "draft-evaluation",
+        f"# Draft evaluation\n\n{line}.\n\nOffline tau by k: {by_k}.\n\n"
+        f"Report: `{final_path(folder / REPORT_FILE)}`",
+        "acceptance length tau of the trained draft against an untrained one",
+    )
+    ctx.table(
+        "acceptance-per-position",
+        [
+            {"position": i + 1, "acceptance": a}
+            for i, a in enumerate(trained.get("per_position_acceptance", []))
+        ],
+        "the share of drafted tokens accepted at each speculative position",
+    )
+    ctx.image(
+        "acceptance-plot",
+        folder / "acceptance.png",
+        "acceptance per speculative position, trained and untrained draft",
+    )
+    return StageOutput(
+        counts={"records": len(heldout)},
+        info={
+            "tau": trained["tau"],
+            "emitted_tau": trained["emitted_tau"],
+            "untrained_tau": baseline["tau"],
+            **({"served_tau": served["tau"]} if served is not None else {}),
+        },
+    )

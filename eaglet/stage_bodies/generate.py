@@ -1,0 +1,93 @@
+"""The generate stage: prompts → append-only `generations.jsonl`.
+
+HTTP engines first pass the canary (a handful of real requests, the reasoning split checked),
+so a broken server setup fails in the first minute. Every record is flushed as it arrives; a
+retry, a rerun after a crash or a cancelled run resumes the same partial folder and sends only
+the prompts whose ids are not written yet. Failed samples are listed in a table artifact.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eaglet.canary import run_canary
+from eaglet.config import PipelineConfig
+from eaglet.engines.registry import engine_spec, make_engine
+from eaglet.generation import (
+    Failure,
+    GenerationProgress,
+    TooManyFailuresError,
+    run_generation_sync,
+)
+from eaglet.records.io import read_jsonl
+from eaglet.records.prompts import Prompt
+from eaglet.stage_context import StageContext
+from eaglet.stages import FAILED_FILE, GENERATIONS_FILE, PROMPTS_FILE
+from eaglet.storage import Manifest, StageOutput, stage_dir
+from eaglet.target import load_tokenizer
+from eaglet.turns import generate_every_turn
+
+
+def api_key(config: PipelineConfig, ctx: StageContext) -> str | None:
+    """The API key held by the secret `generation.api_key_secret`, if one is named (the
+    engines read `generation.api_key_env` themselves)."""
+    name = config.generation.api_key_secret
+    if not name:
+        return None
+    try:
+        return ctx.secret(name)
+    except ValueError as exc:
+        raise ValueError(f"generation.api_key_secret={name!r}: {exc}") from exc
+
+
+def _failed_samples_artifact(ctx: StageContext, failed_path: Path) -> None:
+    if not failed_path.exists() or failed_path.stat().st_size == 0:
+        return
+    rows = [row.model_dump() for row in read_jsonl(failed_path, Failure)][:500]
+    ctx.table("generate-failed-samples", rows, "samples the server refused; a rerun retries them")
+
+
+def run(
+    ctx: StageContext, config: PipelineConfig, inputs: dict[str, Manifest], folder: Path
+) -> StageOutput:
+    prompts_path = stage_dir(config.work_dir, inputs["prompts"]) / PROMPTS_FILE
+    all_prompts = list(read_jsonl(prompts_path, Prompt))
+    tokenizer = load_tokenizer(config.target)
+    key = api_key(config, ctx)
+    if engine_spec(config.generation.engine).needs_server:
+        canary = run_canary(config, tokenizer, all_prompts, api_key=key)
+        ctx.info(f"canary:\n{canary.render()}")
+        canary.raise_if_failed()
+    set_progress = ctx.progress("generate-progress", "generate: records written")
+
+    def progress(update: GenerationProgress) -> None:
+        ctx.info(f"generate {update.describe()}")
+        set_progress(update.done / max(1, update.total), None)
+
+    failed_path = folder / FAILED_FILE
+    engine = make_engine(config, tokenizer, api_key=key)
+    try:
+        if config.tokenize.regenerate == "all":
+            summary = generate_every_turn(config, engine, tokenizer, all_prompts, folder, progress)
+        else:
+            summary = run_generation_sync(
+                engine,
+                all_prompts,
+                folder / GENERATIONS_FILE,
+                failed_path,
+                progress=progress,
+                max_failure_fraction=config.generation.max_failure_fraction,
+            )
+    except TooManyFailuresError:
+        _failed_samples_artifact(ctx, failed_path)
+        raise
+    _failed_samples_artifact(ctx, failed_path)
+    figures = summary.as_dict()
+    return StageOutput(
+        counts={
+            "records": figures["written"] + figures["already_done"],
+            "failed": figures["failed"],
+            "truncated": figures["finish_reasons"].get("length", 0),
+        },
+        info={"engine": config.generation.engine, **figures},
+    )

@@ -1,0 +1,40 @@
+"""Run one stage's body (`eaglet.stages`) into its folder `WORK_DIR/<stage>/<key>/`, or reuse
+the folder when it is complete: the same call under a Prefect task (`tasks/caching.py`) and
+without one (tests, scripts)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from eaglet.cache import code_hash, stage_config, stage_key
+from eaglet.config import PipelineConfig
+from eaglet.stage_context import StageContext
+from eaglet.stages import STAGE
+from eaglet.storage import Manifest, run_stage
+
+
+def run_stage_body(
+    stage: str,
+    config: PipelineConfig,
+    inputs: dict[str, Manifest],
+    context: StageContext,
+    refresh: bool = False,
+    reopen_if: Callable[[Manifest], bool] | None = None,
+) -> Manifest:
+    """`inputs`: the manifests of the earlier stages' outputs it reads, by output name."""
+    spec = STAGE[stage]
+    body = spec.load_body()
+    upstream = list(inputs.values())
+    return run_stage(
+        work_dir=Path(config.work_dir),
+        stage=stage,
+        key=stage_key(stage, config, upstream),
+        code_hash=code_hash(stage, config),
+        config=stage_config(stage, config),
+        upstream=upstream,
+        body=lambda folder: body(context, config, inputs, folder),
+        resume_partial=spec.resumes,
+        refresh=refresh,
+        reopen_if=reopen_if,
+    )

@@ -1,0 +1,158 @@
+"""Every stage of the pipeline, declared once: its name, what it reads, the files it writes,
+what in the configuration keys it, and the core function that does its work.
+
+Everything else derives from `STAGES`: the stage order and the `StageName` choices (CLI,
+flow form), the upstream manifests in each cache key and the key's config subset
+(`eaglet.cache`), the flow's wiring (`flows/pipeline.py`), `eaglet inspect`'s status. A stage's
+body runs without Prefect (`eaglet.stage_context`); `tasks/<stage>.py` adapts it to a task.
+
+Output file names are constants here, beside the stage that writes them; a later stage reads
+them from here, never as a loose string.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from eaglet.config import PipelineConfig
+    from eaglet.stage_context import StageContext
+    from eaglet.storage import StageOutput
+
+# The record files each stage writes (in its folder `WORK_DIR/<stage>/<key>/`).
+SAMPLES_FILE = "samples.jsonl"  # download
+REJECTED_FILE = "rejected.jsonl"  # download, tokenize: rows skipped, with why
+PROMPTS_FILE = "prompts.jsonl"  # tokenize
+GENERATIONS_FILE = "generations.jsonl"  # generate
+FAILED_FILE = "failed.jsonl"  # generate: samples the server refused
+TURN_PROMPTS_FILE = "turn_prompts.jsonl"  # generate with tokenize.regenerate=all
+EXAMPLES_FILE = "examples.jsonl"  # extract
+QUALITY_FILE = "quality.json"  # extract
+DRAFT_FOLDER = "draft"  # train: the vLLM export, what evaluate loads
+REPORT_FILE = "report.json"  # evaluate
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage. `reads` names the outputs of earlier stages it takes (each stage's output is
+    called `output`); `keyed_by` the config values that can change what it writes (dotted
+    paths; a section's fields marked cache-neutral are left out, see `eaglet.config`)."""
+
+    name: str
+    output: str  # what later stages call this stage's output (a task parameter name)
+    reads: tuple[str, ...]
+    files: tuple[str, ...]  # the record files it writes; `records` counts the first
+    keyed_by: tuple[str, ...]
+    body: str  # `module:function` of the core function doing the work (`StageBody`)
+    resumes: bool = False  # a rerun continues its `.partial` folder instead of starting over
+    reads_online: tuple[str, ...] | None = None  # `reads` with train.hidden_states=online
+    keyed_by_online: tuple[str, ...] = ()  # keyed besides with train.hidden_states=online
+    skipped_online: bool = False  # not run with train.hidden_states=online
+
+    def inputs(self, config: PipelineConfig) -> tuple[str, ...]:
+        """The outputs this stage reads under `config`."""
+        if _online(config) and self.reads_online is not None:
+            return self.reads_online
+        return self.reads
+
+    def key_paths(self, config: PipelineConfig) -> tuple[str, ...]:
+        """The config values this stage's key holds under `config`."""
+        return self.keyed_by + (self.keyed_by_online if _online(config) else ())
+
+    def runs(self, config: PipelineConfig) -> bool:
+        return not (self.skipped_online and _online(config))
+
+    def load_body(self) -> StageBody:
+        module, function = self.body.split(":")
+        return getattr(importlib.import_module(module), function)
+
+
+def _online(config: PipelineConfig) -> bool:
+    return config.train.hidden_states == "online"
+
+
+# The work of a stage: writes its files into `folder` (its `.partial` folder) from the folders
+# of the stages it reads, and returns its counts and figures for the manifest.
+StageBody = Callable[["StageContext", "PipelineConfig", "dict[str, Path]", "Path"], "StageOutput"]
+
+STAGE_LIST: tuple[Stage, ...] = (
+    Stage(
+        name="download",
+        output="samples",
+        reads=(),
+        files=(SAMPLES_FILE, REJECTED_FILE),
+        keyed_by=("datasets",),
+        body="eaglet.stage_bodies.download:run",
+    ),
+    Stage(
+        name="tokenize",
+        output="prompts",
+        reads=("samples",),
+        files=(PROMPTS_FILE, REJECTED_FILE),
+        keyed_by=("tokenize", "target.model"),
+        body="eaglet.stage_bodies.tokenize:run",
+    ),
+    Stage(
+        name="generate",
+        output="generations",
+        reads=("prompts",),
+        files=(GENERATIONS_FILE, FAILED_FILE, TURN_PROMPTS_FILE),
+        keyed_by=("generation", "target.model"),
+        body="eaglet.stage_bodies.generate:run",
+        resumes=True,  # appends records as they arrive; a rerun sends only the missing ones
+    ),
+    Stage(
+        name="extract",
+        output="examples",
+        reads=("generations", "prompts"),
+        files=(EXAMPLES_FILE, QUALITY_FILE),
+        keyed_by=("reasoning", "target.model"),
+        body="eaglet.stage_bodies.extract:run",
+    ),
+    Stage(
+        name="hidden_states",
+        output="features",
+        reads=("examples",),
+        files=(),  # safetensors shards and index.jsonl (eaglet.hidden_states.shards)
+        keyed_by=("hidden_states", "target.model", "target.dtype"),
+        body="eaglet.stage_bodies.hidden_states:run",
+        resumes=True,  # keeps every finished shard
+        skipped_online=True,  # online, train computes the features itself
+    ),
+    Stage(
+        name="train",
+        output="draft",
+        reads=("features",),
+        files=(),  # the draft folders (eaglet.draft.export) and the training state
+        keyed_by=("train", "target.model"),
+        body="eaglet.stage_bodies.train:run",
+        resumes=True,  # from the last checkpoint
+        reads_online=("examples",),
+        # Online, train computes the features itself: what decides them is keyed here.
+        keyed_by_online=("hidden_states.aux_layer_ids", "target.dtype"),
+    ),
+    Stage(
+        name="evaluate",
+        output="report",
+        reads=("draft", "prompts"),
+        files=(REPORT_FILE,),
+        keyed_by=("evaluate", "target.model"),
+        body="eaglet.stage_bodies.evaluate:run",
+    ),
+)
+
+STAGES: tuple[str, ...] = tuple(stage.name for stage in STAGE_LIST)
+StageName = Literal[STAGES]  # type: ignore[valid-type]  # the same names, for forms and CLIs
+STAGE = {stage.name: stage for stage in STAGE_LIST}
+PRODUCER = {stage.output: stage.name for stage in STAGE_LIST}  # output name -> stage name
+
+
+def upstream_names(stage: str) -> tuple[str, ...]:
+    """Every output `stage` can read (offline or online), in a fixed order."""
+    spec = STAGE[stage]
+    return spec.reads + tuple(n for n in spec.reads_online or () if n not in spec.reads)

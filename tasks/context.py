@@ -1,0 +1,60 @@
+"""The stage bodies' `StageContext` inside a Prefect task: lines to the task run's logger,
+progress and artifacts to the Prefect API (the run page shows them), secrets from Prefect
+Secret blocks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from prefect.exceptions import ObjectNotFound
+
+from tasks.artifacts import publish_plot
+
+
+class PrefectContext:
+    """`eaglet.stage_context.StageContext` for the current task run (its secrets work outside
+    a run too: `eaglet doctor` reads them)."""
+
+    def info(self, line: str) -> None:
+        get_run_logger().info("%s", line)
+
+    def warning(self, line: str) -> None:
+        get_run_logger().warning("%s", line)
+
+    def progress(self, key: str, description: str) -> Callable[[float, str | None], None]:
+        artifact = create_progress_artifact(0.0, key=key, description=description)
+
+        def update(fraction: float, text: str | None = None) -> None:
+            update_progress_artifact(artifact, progress=100.0 * fraction, description=text)
+
+        return update
+
+    def markdown(self, key: str, text: str, description: str) -> None:
+        create_markdown_artifact(text, key=key, description=description)
+
+    def table(self, key: str, rows: list[dict[str, Any]], description: str) -> None:
+        create_table_artifact(rows, key=key, description=description)
+
+    def image(self, key: str, path: Path, description: str) -> None:
+        publish_plot(path, key=key, description=description)
+
+    def secret(self, name: str) -> str:
+        from prefect.blocks.system import Secret
+
+        try:
+            return str(Secret.load(name).get())
+        except (ValueError, ObjectNotFound) as exc:
+            raise ValueError(
+                f"no Prefect Secret block named {name!r} on this Prefect server; create it "
+                f"(UI: Blocks > Secret, or `Secret(value=...).save({name!r})`) or use "
+                "generation.api_key_env"
+            ) from exc
