@@ -136,45 +136,11 @@ def run_stages(
     refresh_from: StageName | None,
     retry_failed: bool,
 ) -> dict:
-    """The flow's body, under the work dir's lock: the preflight, each stage up to `until`,
-    the run report."""
+    """The flow's body, under the work dir's lock: the preflight, each stage up to `until`
+    (`eaglet.stages`, each fed the outputs it reads), the run report."""
     preflight(config)  # what the config already shows fails here, before any stage
-    work_dir = Path(config.work_dir)
-    storage = result_storage_path(config)
     record = start_run_record(config, config_path, until, refresh_from)
-    summary: dict[str, dict] = record["stages"]
-
-    def run(stage: str, **inputs: dict) -> dict:
-        started = time.time()
-        retry = stage == "generate" and retry_failed
-        task = TASKS[stage].with_options(
-            result_storage=storage,
-            refresh_cache=True if stage == refresh_from or retry else None,
-        )
-        if retry:
-            inputs["retry_failed"] = True
-        shutdown.set_stage(stage)
-        try:
-            state = task(config, **inputs, refresh=stage == refresh_from, return_state=True)
-        except shutdown.Interrupted as exc:  # SIGINT/SIGTERM: the task run is marked Crashed
-            summary[stage] = interrupted_entry(stage, config, inputs, exc, time.time() - started)
-            write_run_record(work_dir, record)
-            raise
-        if not state.is_completed():
-            summary[stage] = stage_failure(stage, config, inputs, state, time.time() - started)
-            write_run_record(work_dir, record)
-        manifest = state.result()  # raises the task's error: the flow fails with it
-        summary[stage] = {
-            "state": state.name,
-            "key": manifest["key"],
-            "path": str(stage_dir(work_dir, manifest)),  # manifests hold it relative
-            "records": manifest["counts"].get("records", 0),
-            "seconds": round(time.time() - started, 2),
-        }
-        write_run_record(work_dir, record)
-        return manifest
-
-    outputs: dict[str, dict] = {}  # each stage's manifest by its output name (eaglet.stages)
+    outputs: dict[str, dict] = {}  # each stage's manifest by its output name
     try:
         for spec in STAGE_LIST[: STAGES.index(until) + 1]:
             if not spec.runs(config):  # hidden_states, online: train runs the target itself
@@ -183,12 +149,48 @@ def run_stages(
             if spec.name == "hidden_states" and config.execution.task_runner == "dask":
                 shutdown.set_stage("hidden_states")
                 map_hidden_state_shards(config, inputs["examples"])  # shard tasks first
-            outputs[spec.output] = run(spec.name, **inputs)
+            if spec.name == "generate" and retry_failed:
+                inputs["retry_failed"] = True
+            refresh = spec.name == refresh_from
+            outputs[spec.output] = run_task(spec.name, config, inputs, refresh, record)
         shutdown.set_stage("the run report")
     finally:
         create_markdown_artifact(
-            write_run_report(work_dir),
+            write_run_report(Path(config.work_dir)),
             key="run-report",
             description=f"eaglet run {config.name}: per stage, Cached or ran, and key figures",
         )
-    return {"stages": summary, "evaluation": outputs.get("report", {}).get("info", {})}
+    return {"stages": record["stages"], "evaluation": outputs.get("report", {}).get("info", {})}
+
+
+def run_task(stage: str, config: PipelineConfig, inputs: dict, refresh: bool, record: dict) -> dict:
+    """Run a stage's task (bypassing its cache for `refresh` and generate's `retry_failed`),
+    write what it did into the run record (`run.json`) whatever the outcome, and return its
+    manifest; a failed task raises its error here, so the flow fails with it."""
+    started, work_dir = time.time(), Path(config.work_dir)
+    task = TASKS[stage].with_options(
+        result_storage=result_storage_path(config),
+        refresh_cache=True if refresh or inputs.get("retry_failed") else None,
+    )
+    shutdown.set_stage(stage)
+    try:
+        state = task(config, **inputs, refresh=refresh, return_state=True)
+    except shutdown.Interrupted as exc:  # SIGINT/SIGTERM: the task run is marked Crashed
+        entry = interrupted_entry(stage, config, inputs, exc, time.time() - started)
+        record["stages"][stage] = entry
+        write_run_record(work_dir, record)
+        raise
+    if not state.is_completed():
+        entry = stage_failure(stage, config, inputs, state, time.time() - started)
+        record["stages"][stage] = entry
+        write_run_record(work_dir, record)
+    manifest = state.result()  # raises the task's error
+    record["stages"][stage] = {
+        "state": state.name,
+        "key": manifest["key"],
+        "path": str(stage_dir(work_dir, manifest)),  # manifests hold it relative
+        "records": manifest["counts"].get("records", 0),
+        "seconds": round(time.time() - started, 2),
+    }
+    write_run_record(work_dir, record)
+    return manifest

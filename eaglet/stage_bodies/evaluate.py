@@ -19,22 +19,26 @@ from eaglet.storage import Manifest, StageOutput, final_path, stage_dir
 from eaglet.target import end_token_ids, load_tokenizer
 
 
-def run(
-    ctx: StageContext, config: PipelineConfig, inputs: dict[str, Manifest], folder: Path
-) -> StageOutput:
-    settings = config.evaluate
+def heldout_prompts(config: PipelineConfig, prompts: Manifest) -> list[list[int]]:
+    """The prompt ids of the held-out samples (never trained on), at most evaluate.max_prompts."""
     fraction = config.train.holdout_fraction
-    prompts = inputs["prompts"]
     heldout = [
         p.prompt_ids
         for p in read_jsonl(stage_dir(config.work_dir, prompts) / PROMPTS_FILE, Prompt)
         if is_heldout(p.sample_id, fraction)
-    ][: settings.max_prompts]
+    ][: config.evaluate.max_prompts]
     if not heldout:
         raise ValueError(
             f"no held-out prompts: train.holdout_fraction={fraction} left none of "
             f"{prompts.counts['records']} prompts for evaluation; raise it"
         )
+    return heldout
+
+
+def run(
+    ctx: StageContext, config: PipelineConfig, inputs: dict[str, Manifest], folder: Path
+) -> StageOutput:
+    heldout = heldout_prompts(config, inputs["prompts"])
     # The vLLM export; layer ids from the draft's own config: what a server reads.
     draft_dir = stage_dir(config.work_dir, inputs["draft"]) / DRAFT_FOLDER
     eos = end_token_ids(config.target, load_tokenizer(config.target))
@@ -49,14 +53,32 @@ def run(
             )
 
     report = evaluation_report(
-        settings, config.target, draft_dir, heldout, eos, None, folder, progress
+        config.evaluate, config.target, draft_dir, heldout, eos, None, folder, progress
     )
+    publish(ctx, report, len(heldout), config.evaluate.num_speculative_tokens, folder)
+    trained, served = report["draft"], report.get("served")
+    return StageOutput(
+        counts={"records": len(heldout)},
+        info={
+            "tau": trained["tau"],
+            "emitted_tau": trained["emitted_tau"],
+            "untrained_tau": report["untrained"]["tau"],
+            **({"served_tau": served["tau"]} if served is not None else {}),
+        },
+    )
+
+
+def publish(
+    ctx: StageContext, report: dict, prompts: int, speculative_tokens: int, folder: Path
+) -> None:
+    """The evaluation's log line and artifacts: τ against the untrained draft (and served),
+    τ by k, acceptance per position as a table and a plot."""
     trained, baseline = report["draft"], report["untrained"]
     served = report.get("served")
     line = (
         f"acceptance length tau {trained['tau']:.3f} (untrained draft {baseline['tau']:.3f}; "
-        f"{trained['emitted_tau']:.3f} output tokens per round) on {len(heldout)} held-out "
-        f"prompts, k = {settings.num_speculative_tokens}"
+        f"{trained['emitted_tau']:.3f} output tokens per round) on {prompts} held-out "
+        f"prompts, k = {speculative_tokens}"
     )
     if served is not None:
         line += f"; served by vLLM: tau {served['tau']:.3f} (gap {report['serving_gap']:.3f})"
@@ -80,13 +102,4 @@ def run(
         "acceptance-plot",
         folder / "acceptance.png",
         "acceptance per speculative position, trained and untrained draft",
-    )
-    return StageOutput(
-        counts={"records": len(heldout)},
-        info={
-            "tau": trained["tau"],
-            "emitted_tau": trained["emitted_tau"],
-            "untrained_tau": baseline["tau"],
-            **({"served_tau": served["tau"]} if served is not None else {}),
-        },
     )
