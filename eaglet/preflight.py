@@ -697,13 +697,9 @@ def preflight(config: PipelineConfig) -> PreflightReport:
 
 
 def run_preflight(config: PipelineConfig, log: Callable[[str], None] = say) -> PreflightReport:
-    """The flow's one call before its first stage: the demo's model and data built first when
-    the config points at them and they are absent (as `eaglet demo` does: `PipelineConfig()`
-    is the demo), then `preflight(config)`, its report logged, a `PreflightError` raised on
-    any problem."""
-    from eaglet.fixture.demo import ensure_demo_inputs
-
-    ensure_demo_inputs(config, log)
+    """The flow's one call before its first stage: `preflight(config)`, its report logged, a
+    `PreflightError` raised on any problem. It only checks: whoever runs the demo's config
+    builds its model and data first (`eaglet.fixture.demo.ensure_demo_inputs`)."""
     report = preflight(config)
     log(report.render())
     report.raise_if_failed()

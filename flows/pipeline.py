@@ -12,6 +12,7 @@ from prefect.runtime import flow_run
 
 from eaglet import shutdown, work_dir_lock
 from eaglet.config import PipelineConfig, load_config
+from eaglet.fixture.demo import ensure_demo_inputs
 from eaglet.preflight import run_preflight, take_passed_ahead
 from eaglet.run_report import (
     failure_entry,
@@ -65,6 +66,7 @@ def preflight(config: PipelineConfig) -> None:
     run existed, or a run of the checks now (the UI's runs)."""
     lines = take_passed_ahead(config)
     if lines is None:
+        ensure_demo_inputs(config)  # a UI run of the demo's config builds its model and data
         run_preflight(config)
         return
     for line in lines:

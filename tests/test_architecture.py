@@ -1,5 +1,5 @@
-"""Layering: flows → tasks → eaglet; the core never imports Prefect, tasks or flows (but for the
-CLI's lazy imports inside functions); no import cycle among the project's modules, counting
+"""Layering: flows → tasks → eaglet; the core never imports Prefect, tasks or flows, not even
+inside a function; no import cycle among the project's modules, counting
 the imports inside functions too. The import graph is read from the source with `ast`."""
 
 from __future__ import annotations
@@ -87,13 +87,17 @@ def test_core_never_imports_prefect_tasks_or_flows():
     offenders = {
         name: roots(imports_of(name)) & {"prefect", "tasks", "flows"}
         for name in MODULES
-        if name.startswith("eaglet") and name != "eaglet.cli"
+        if name.startswith("eaglet")
     }
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
-def test_cli_imports_prefect_tasks_and_flows_only_inside_functions():
-    assert not roots(imports_of("eaglet.cli", top_level_only=True)) & {"prefect", "flows", "tasks"}
+def test_cli_imports_prefect_tasks_and_the_flow_only_inside_functions():
+    """`eaglet inspect` and `eaglet --help` start without loading Prefect or the flow."""
+    top_level = imports_of("flows.cli", top_level_only=True)
+    assert not roots(top_level) & {"prefect", "tasks"}
+    assert "flows.pipeline" not in top_level
+    assert not roots(imports_of("flows.prefect_server", top_level_only=True)) & {"prefect"}
 
 
 def test_tasks_never_import_flows():

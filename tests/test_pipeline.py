@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglet.cli import inspect_work_dir
+from eaglet.work_dir_status import inspect_work_dir
 from tests.conftest import ROOT, run_cli, small_run_overrides
 
 pytestmark = pytest.mark.slow

@@ -119,7 +119,7 @@ def served(tmp_path_factory):
 
         _wait_for(healthy, 90, "the Prefect server")
         runner = _start(
-            [sys.executable, "-m", "eaglet.cli", "serve"],
+            [sys.executable, "-m", "flows.cli", "serve"],
             {**env, "PYTHONPATH": str(project)},
             home / "serve.log",
             cwd=project,
@@ -465,7 +465,7 @@ def test_run_with_changed_nested_config_fields_from_the_ui_form(
     work_dir = served.project / "runs" / "demo"
     generate = json.loads((work_dir / "run.json").read_text())["stages"]["generate"]
     manifest = json.loads((Path(generate["path"]) / "manifest.json").read_text())
-    assert manifest["config"]["max_tokens"] == 40
+    assert manifest["config"]["generation"]["max_tokens"] == 40
     assert "| generate | Completed |" in _artifact(client, run["id"], "run-report")
 
 

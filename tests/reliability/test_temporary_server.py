@@ -2,7 +2,7 @@
 
 Without PREFECT_API_URL, a run starts Prefect's temporary API server (a uvicorn subprocess)
 and stops it at exit; a kill -9 skips every exit hook, and the server used to stay alive.
-The CLI now starts that server itself with PR_SET_PDEATHSIG (eaglet/cli.py).
+The CLI now starts that server itself with PR_SET_PDEATHSIG (flows/prefect_server.py).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_kill_9_of_eaglet_run_takes_the_temporary_prefect_server_with_it(
     env.update({MARKER: marker, "PREFECT_HOME": str(tmp_path / "prefect"), "OMP_NUM_THREADS": "1"})
     log = open(tmp_path / "run.log", "wb")
     run = subprocess.Popen(
-        [sys.executable, "-m", "eaglet.cli", "run", str(config), "--until", "download"],
+        [sys.executable, "-m", "flows.cli", "run", str(config), "--until", "download"],
         cwd=ROOT,
         env=env,
         stdout=log,

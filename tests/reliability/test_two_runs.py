@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from eaglet.cli import WORK_DIR_LOCKED_EXIT
 from eaglet.stages import STAGES
 from eaglet.work_dir_lock import LOCK_FILE
+from flows.cli import WORK_DIR_LOCKED_EXIT
 from tests.conftest import cli_env, run_cli
 from tests.reliability.conftest import (
     kill_group,

@@ -1,161 +1,38 @@
-"""The `eaglet` command: demo, run, doctor, inspect, fixture-model.
+"""The `eaglet` command: demo, run, doctor, inspect, serve, fixture-model.
 
-Prefect and the flows are imported only by the commands that run the pipeline, so `inspect`
-and `fixture-model` start fast and the core stays free of Prefect.
+Prefect and the flow are imported only by the commands that run the pipeline, so `inspect`
+and `fixture-model` start fast. The temporary Prefect server is `flows.prefect_server`; what
+`inspect` reads is the core's `eaglet.work_dir_status`.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
-import ctypes
-import ctypes.util
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from eaglet import work_dir_lock
 from eaglet.config import ConfigError, PipelineConfig, load_config
+from eaglet.fixture.demo import ensure_demo_inputs
 from eaglet.fixture.real_shape import SHAPES as REAL_SHAPES
 from eaglet.preflight import PreflightError, run_preflight_ahead
 from eaglet.run_report import percent, training_line
-from eaglet.stages import STAGES
-from eaglet.storage import PARTIAL_SUFFIX, Manifest, ManifestError, read_manifest, verify_files
+from eaglet.stages import DRAFT_FOLDER, REPORT_FILE, STAGES
+from eaglet.work_dir_status import inspect_work_dir, is_work_dir, show_sample
+from flows.prefect_server import (
+    SERVER_WAIT_S,
+    TemporaryPrefectServer,
+    profile_api_url,
+    wait_for_server,
+)
 
 # `eaglet run`/`demo` on a work dir another run holds: EX_TEMPFAIL, try again later.
 WORK_DIR_LOCKED_EXIT = 75
-
-
-def _die_with_parent(parent: int) -> Callable[[], None]:
-    """A `preexec_fn`: the child gets SIGKILL when `parent` dies, even by kill -9 (Linux's
-    PR_SET_PDEATHSIG; elsewhere a no-op)."""
-
-    def preexec() -> None:
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            return
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
-
-
-class TemporaryPrefectServer:
-    """The Prefect API server of a run started without PREFECT_API_URL: Prefect's own temporary
-    server (uvicorn serving `prefect.server.api.server:create_app`, no UI, the database in
-    PREFECT_HOME), started by eaglet so that
-
-    - it starts first, before eaglet imports Prefect, the flows and torch (tens of seconds on
-      a loaded machine), and comes up while they load (Prefect's own starts after them, and
-      only when the flow is called);
-    - it is in its own session: a signal to eaglet's process group (Ctrl-C, `timeout`,
-      scancel) leaves it up, so the interrupted flow run is still marked Crashed, and eaglet
-      stops it at exit, after Prefect has sent its last logs;
-    - it dies with eaglet even on kill -9 (PR_SET_PDEATHSIG, set from the main thread: the
-      hook follows the thread that forked).
-
-    The run uses it as any server at PREFECT_API_URL (set for this process and its children)."""
-
-    STARTUP_TIMEOUT_S = 120  # Prefect's 20 s default is short for a busy machine
-    running: ClassVar[list[TemporaryPrefectServer]] = []
-
-    def __init__(self) -> None:
-        self.process: subprocess.Popen | None = None
-        self.port = 0
-        self.started = 0.0
-
-    @property
-    def api_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/api"
-
-    def start(self) -> None:
-        import importlib.util
-        import socket
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        spec = importlib.util.find_spec("prefect")  # its folder, without importing it
-        assert spec is not None and spec.origin is not None
-        app_dir = str(Path(spec.origin).parent.parent)
-        self.started = time.monotonic()
-        self.process = subprocess.Popen(
-            [
-                sys.executable, "-m", "uvicorn", "--app-dir", app_dir,
-                "--factory", "prefect.server.api.server:create_app",
-                "--host", "127.0.0.1", "--port", str(self.port),
-                "--log-level", "error", "--lifespan", "on",
-            ],
-            env={
-                **os.environ,
-                "PREFECT_UI_ENABLED": "0",
-                "PREFECT__SERVER_EPHEMERAL": "1",
-                "PREFECT__SERVER_FINAL": "1",
-            },
-            start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()),
-        )  # fmt: skip
-        if self not in self.running:
-            self.running.append(self)
-            atexit.register(self.stop)  # before Prefect's exit hooks, so it runs after them
-
-    def wait(self) -> None:
-        """Until the server answers /health; a server that exits at start (its port taken
-        meanwhile) is started again on another port."""
-        import httpx
-
-        configured = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "0")
-        timeout = max(float(configured or 0), self.STARTUP_TIMEOUT_S)
-        restarts = 0
-        with httpx.Client(timeout=5) as client:
-            while True:
-                assert self.process is not None
-                if self.process.poll() is not None:
-                    if restarts >= 3:
-                        raise RuntimeError(
-                            f"the temporary Prefect server exited with {self.process.returncode}"
-                            " while starting; set PREFECT_API_URL to a running server instead"
-                        )
-                    restarts += 1
-                    self.start()
-                    continue
-                try:
-                    if client.get(f"{self.api_url}/health").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() - self.started > timeout:
-                    raise RuntimeError(
-                        f"the temporary Prefect server did not answer within {timeout:.0f} s; "
-                        "set PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS higher, or "
-                        "PREFECT_API_URL to a running server"
-                    )
-                time.sleep(0.1)
-
-    def stop(self, grace_s: float = 5.0) -> None:
-        from eaglet import shutdown
-
-        grace_s = min(grace_s, max(0.5, shutdown.time_left() - 1.5))  # after SIGINT/SIGTERM
-        process, self.process = self.process, None
-        if self in self.running:
-            self.running.remove(self)
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _run_pipeline(
@@ -168,10 +45,11 @@ def _run_pipeline(
     server = None
     # From the main thread only: PR_SET_PDEATHSIG would fire when another thread exits.
     main_thread = threading.current_thread() is threading.main_thread()
-    if main_thread and not os.environ.get("PREFECT_API_URL") and not _profile_api_url():
+    if main_thread and not os.environ.get("PREFECT_API_URL") and not profile_api_url():
         server = TemporaryPrefectServer()
         server.start()  # it comes up while the imports below run
     shutdown.set_stage("the preflight")
+    ensure_demo_inputs(config)  # a config pointing at the demo's model and data: built first
     try:
         run_preflight_ahead(config)  # a problem fails here in seconds, no flow run started
     except PreflightError:
@@ -198,22 +76,6 @@ def _run_pipeline(
             )
     finally:
         del os.environ["PREFECT_API_URL"]  # the server stops at exit, after Prefect's hooks
-
-
-def _profile_api_url() -> str | None:
-    """PREFECT_API_URL set in the active Prefect profile (`prefect config set`), read without
-    importing Prefect: a running server the run uses instead of a temporary one."""
-    import tomllib
-
-    home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
-    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
-    try:
-        profiles = tomllib.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    name = os.environ.get("PREFECT_PROFILE") or profiles.get("active", "ephemeral")
-    url = profiles.get("profiles", {}).get(name, {}).get("PREFECT_API_URL")
-    return str(url) if url else None
 
 
 def _print_run(result: dict, seconds: float) -> None:
@@ -250,17 +112,14 @@ def demo_config(work_dir: Path = Path("runs/demo"), overrides: list[str] = ()) -
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from eaglet.fixture.demo import ensure_demo_inputs
-
     started = time.time()
     config = demo_config(Path(args.work_dir), args.set)
     with work_dir_lock.held(config.work_dir):  # a second run fails here, before any start-up
-        ensure_demo_inputs(config)
-        result = _run_pipeline(config, "evaluate", args.refresh_from)
+        result = _run_pipeline(config, "evaluate", args.refresh_from)  # builds the inputs
     _print_run(result, time.time() - started)
     stages = result["stages"]
-    print(f"draft model:  {Path(stages['train']['path']) / 'draft'}")
-    print(f"report:       {Path(stages['evaluate']['path']) / 'report.json'}")
+    print(f"draft model:  {Path(stages['train']['path']) / DRAFT_FOLDER}")
+    print(f"report:       {Path(stages['evaluate']['path']) / REPORT_FILE}")
     evaluation = result["evaluation"]
     print(
         f"acceptance length tau = {evaluation['tau']:.3f} "
@@ -346,163 +205,12 @@ def _doctor_canary(config: PipelineConfig, tokenizer: Any) -> list[str]:
     return problems
 
 
-def _stage_status(
-    work_dir: Path, stage: str, run_keys: dict[str, str], verify: str = "size"
-) -> dict[str, Any]:
-    """One stage's line of `eaglet inspect`: missing, partial, complete, or corrupt (a
-    manifest that cannot be read, or files that differ from it: sizes always, sha256 with
-    `--verify`). `path` is absolute, resolved from the work dir (the manifest holds it
-    relative)."""
-    folder = work_dir / stage
-    if not folder.is_dir():
-        return {"status": "missing", "key": "", "path": "", "records": 0}
-    complete: list[Manifest] = []
-    unreadable: dict[str, str] = {}
-    for entry in folder.iterdir():
-        if not entry.is_dir() or entry.name.endswith(PARTIAL_SUFFIX) or ".replaced-" in entry.name:
-            continue
-        try:
-            manifest = read_manifest(entry)
-        except ManifestError as exc:
-            unreadable[entry.name] = str(exc)
-            continue
-        if manifest is not None:
-            complete.append(manifest)
-    partials = [p for p in folder.iterdir() if p.name.endswith(PARTIAL_SUFFIX)]
-    wanted = run_keys.get(stage)
-    if wanted in unreadable:
-        return {
-            "status": "corrupt",
-            "key": wanted,
-            "path": str((folder / wanted).resolve()),
-            "records": 0,
-            "problems": [unreadable[wanted]],
-        }
-    chosen = next((m for m in complete if m.key == wanted), None)
-    if chosen is None and complete:
-        chosen = max(complete, key=lambda m: m.finished)
-    newest_partial = max(partials, key=lambda p: p.stat().st_mtime, default=None)
-    # The folder the last run used wins; a newer partial folder only where no run names one.
-    used = chosen is not None and chosen.key == wanted
-    if newest_partial is not None and (
-        chosen is None or (not used and newest_partial.stat().st_mtime > chosen.finished)
-    ):
-        key = newest_partial.name[: -len(PARTIAL_SUFFIX)]
-        return {
-            "status": "partial",
-            "key": key,
-            "path": str(newest_partial.resolve()),
-            "records": 0,
-        }
-    if chosen is None and unreadable:
-        key, problem = next(iter(sorted(unreadable.items())))
-        path = str((folder / key).resolve())
-        return {"status": "corrupt", "key": key, "path": path, "records": 0, "problems": [problem]}
-    if chosen is None:
-        return {"status": "missing", "key": "", "path": "", "records": 0}
-    stage_path = chosen.folder_in(work_dir).resolve()
-    problems = verify_files(stage_path, chosen, verify)
-    return {
-        "status": "corrupt" if problems else "complete",
-        "key": chosen.key,
-        "path": str(stage_path),
-        "records": chosen.counts.get("records", 0),
-        "counts": chosen.counts,
-        "finished": chosen.finished,
-        **({"problems": problems} if problems else {}),
-    }
-
-
-def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
-    """Per stage: status, key, absolute path, counts; quality and evaluation figures.
-    `verify` = "size" checks file sizes against each manifest, "full" their sha256 too."""
-    run_file = work_dir / "run.json"
-    run_keys = {}
-    try:
-        stages_run = json.loads(run_file.read_text())["stages"] if run_file.exists() else {}
-        run_keys = {s: v["key"] for s, v in stages_run.items() if "key" in v}
-    except (ValueError, KeyError, TypeError, AttributeError):
-        pass  # a run.json cut short by a crash: every stage shows its newest folder
-    stages = {stage: _stage_status(work_dir, stage, run_keys, verify) for stage in STAGES}
-    quality: dict[str, Any] = {}
-    if stages["extract"]["status"] == "complete":
-        quality_file = Path(stages["extract"]["path"]) / "quality.json"
-        if quality_file.exists():
-            quality = json.loads(quality_file.read_text())
-    training: dict[str, Any] = {}
-    if stages["train"]["status"] == "complete":
-        info = read_manifest(Path(stages["train"]["path"])).info
-        training = {
-            key: info[key]
-            for key in (
-                "hidden_states_mode",
-                "feature_bytes_stored",
-                "feature_bytes_saved",
-                "feature_bytes_saved_storage",
-                "best_epoch",  # train.keep_best: the exported draft's epoch
-            )
-            if info.get(key) is not None
-        }
-    evaluation: dict[str, Any] = {}
-    if stages["evaluate"]["status"] == "complete":
-        report = json.loads((Path(stages["evaluate"]["path"]) / "report.json").read_text())
-        evaluation = {
-            "tau": report["tau"],
-            "untrained_tau": report["untrained_tau"],
-            **({"emitted_tau": report["emitted_tau"]} if "emitted_tau" in report else {}),
-            "prompts": report["prompts"],
-            "per_position_acceptance": report["draft"].get("per_position_acceptance", []),
-        }
-    return {
-        "work_dir": str(work_dir.resolve()),
-        "stages": stages,
-        "quality": quality,
-        "training": training,
-        "evaluation": evaluation,
-    }
-
-
-def show_sample(report: dict[str, Any], sample_id: str) -> int:
-    """Print one example with its loss mask: what the draft is trained on, span by span."""
-    from eaglet.config import TargetConfig
-    from eaglet.extract import render_loss_mask
-    from eaglet.reasoning import detect_format
-    from eaglet.records.examples import Example
-    from eaglet.records.io import read_jsonl
-    from eaglet.target import end_token_ids, load_tokenizer
-
-    extract = report["stages"]["extract"]
-    if extract["status"] != "complete":
-        print("the extract stage is not complete in this work dir", file=sys.stderr)
-        return 2
-    manifest = read_manifest(Path(extract["path"]))
-    example = next(
-        (
-            e
-            for e in read_jsonl(Path(extract["path"]) / "examples.jsonl", Example)
-            if e.sample_id == sample_id
-        ),
-        None,
-    )
-    if example is None:
-        print(f"no example with sample_id {sample_id} in {extract['path']}", file=sys.stderr)
-        return 2
-    target = TargetConfig(model=manifest.info["target_model"])
-    tokenizer = load_tokenizer(target)
-    reasoning_format = detect_format(tokenizer, manifest.config["reasoning"]["format"])
-    end_ids = set(end_token_ids(target, tokenizer))
-    print(render_loss_mask(example, tokenizer, reasoning_format, end_ids, sys.stdout.isatty()))
-    return 0
-
-
 def cmd_inspect(args: argparse.Namespace) -> int:
     work_dir = Path(args.work_dir)
     if not work_dir.is_dir():
         print(f"no such work dir: {work_dir}", file=sys.stderr)
         return 2
-    if not (work_dir / "run.json").exists() and not any(
-        (work_dir / stage).is_dir() for stage in STAGES
-    ):
+    if not is_work_dir(work_dir):
         print(
             f"{work_dir} is not an eaglet work dir (no run.json and no stage folder: "
             f"{', '.join(STAGES)}); pass the config's work_dir",
@@ -555,8 +263,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    api_url = os.environ.get("PREFECT_API_URL") or _profile_api_url()
-    if api_url and not _wait_for_server(api_url, SERVER_WAIT_S):
+    api_url = os.environ.get("PREFECT_API_URL") or profile_api_url()
+    if api_url and not wait_for_server(api_url, SERVER_WAIT_S):
         print(
             f"error: no Prefect server answers at PREFECT_API_URL={api_url} after "
             f"{SERVER_WAIT_S} s: start one (`prefect server start`) or fix the URL",
@@ -567,31 +275,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     serve()
     return 0
-
-
-# `eaglet serve` right after `prefect server start --background`: the server needs seconds.
-SERVER_WAIT_S = 120
-
-
-def _wait_for_server(api_url: str, timeout_s: float) -> bool:
-    """True once `api_url/health` answers 200 (saying once that it waits), False at the end
-    of `timeout_s`."""
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    said = False
-    while True:
-        try:
-            if httpx.get(f"{api_url.rstrip('/')}/health", timeout=5).status_code == 200:
-                return True
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            return False
-        if not said:
-            print(f"waiting for the Prefect server at {api_url} ...", flush=True)
-            said = True
-        time.sleep(1)
 
 
 def cmd_fixture_model(args: argparse.Namespace) -> int:

@@ -1,0 +1,167 @@
+"""What a work dir holds, read without running anything: per stage its status (complete,
+partial, missing, corrupt), key, folder and counts, the quality and evaluation figures, and one
+example's loss mask (`eaglet inspect`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from eaglet.stages import EXAMPLES_FILE, QUALITY_FILE, REPORT_FILE, STAGES
+from eaglet.storage import PARTIAL_SUFFIX, Manifest, ManifestError, read_manifest, verify_files
+
+
+def is_work_dir(work_dir: Path) -> bool:
+    """A folder eaglet ran in: it has a run record or a stage folder."""
+    return (work_dir / "run.json").exists() or any((work_dir / s).is_dir() for s in STAGES)
+
+
+def stage_status(
+    work_dir: Path, stage: str, run_keys: dict[str, str], verify: str = "size"
+) -> dict[str, Any]:
+    """One stage's line of `eaglet inspect`: missing, partial, complete, or corrupt (a
+    manifest that cannot be read, or files that differ from it: sizes always, sha256 with
+    `--verify`). `path` is absolute, resolved from the work dir (the manifest holds it
+    relative)."""
+    folder = work_dir / stage
+    if not folder.is_dir():
+        return {"status": "missing", "key": "", "path": "", "records": 0}
+    complete: list[Manifest] = []
+    unreadable: dict[str, str] = {}
+    for entry in folder.iterdir():
+        if not entry.is_dir() or entry.name.endswith(PARTIAL_SUFFIX) or ".replaced-" in entry.name:
+            continue
+        try:
+            manifest = read_manifest(entry)
+        except ManifestError as exc:
+            unreadable[entry.name] = str(exc)
+            continue
+        if manifest is not None:
+            complete.append(manifest)
+    partials = [p for p in folder.iterdir() if p.name.endswith(PARTIAL_SUFFIX)]
+    wanted = run_keys.get(stage)
+    if wanted in unreadable:
+        return {
+            "status": "corrupt",
+            "key": wanted,
+            "path": str((folder / wanted).resolve()),
+            "records": 0,
+            "problems": [unreadable[wanted]],
+        }
+    chosen = next((m for m in complete if m.key == wanted), None)
+    if chosen is None and complete:
+        chosen = max(complete, key=lambda m: m.finished)
+    newest_partial = max(partials, key=lambda p: p.stat().st_mtime, default=None)
+    # The folder the last run used wins; a newer partial folder only where no run names one.
+    used = chosen is not None and chosen.key == wanted
+    if newest_partial is not None and (
+        chosen is None or (not used and newest_partial.stat().st_mtime > chosen.finished)
+    ):
+        key = newest_partial.name[: -len(PARTIAL_SUFFIX)]
+        return {
+            "status": "partial",
+            "key": key,
+            "path": str(newest_partial.resolve()),
+            "records": 0,
+        }
+    if chosen is None and unreadable:
+        key, problem = next(iter(sorted(unreadable.items())))
+        path = str((folder / key).resolve())
+        return {"status": "corrupt", "key": key, "path": path, "records": 0, "problems": [problem]}
+    if chosen is None:
+        return {"status": "missing", "key": "", "path": "", "records": 0}
+    stage_path = chosen.folder_in(work_dir).resolve()
+    problems = verify_files(stage_path, chosen, verify)
+    return {
+        "status": "corrupt" if problems else "complete",
+        "key": chosen.key,
+        "path": str(stage_path),
+        "records": chosen.counts.get("records", 0),
+        "counts": chosen.counts,
+        "finished": chosen.finished,
+        **({"problems": problems} if problems else {}),
+    }
+
+
+def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
+    """Per stage: status, key, absolute path, counts; quality and evaluation figures.
+    `verify` = "size" checks file sizes against each manifest, "full" their sha256 too."""
+    run_file = work_dir / "run.json"
+    run_keys = {}
+    try:
+        stages_run = json.loads(run_file.read_text())["stages"] if run_file.exists() else {}
+        run_keys = {s: v["key"] for s, v in stages_run.items() if "key" in v}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        pass  # a run.json cut short by a crash: every stage shows its newest folder
+    stages = {stage: stage_status(work_dir, stage, run_keys, verify) for stage in STAGES}
+    quality: dict[str, Any] = {}
+    if stages["extract"]["status"] == "complete":
+        quality_file = Path(stages["extract"]["path"]) / QUALITY_FILE
+        if quality_file.exists():
+            quality = json.loads(quality_file.read_text())
+    training: dict[str, Any] = {}
+    if stages["train"]["status"] == "complete":
+        info = read_manifest(Path(stages["train"]["path"])).info
+        training = {
+            key: info[key]
+            for key in (
+                "hidden_states_mode",
+                "feature_bytes_stored",
+                "feature_bytes_saved",
+                "feature_bytes_saved_storage",
+                "best_epoch",  # train.keep_best: the exported draft's epoch
+            )
+            if info.get(key) is not None
+        }
+    evaluation: dict[str, Any] = {}
+    if stages["evaluate"]["status"] == "complete":
+        report = json.loads((Path(stages["evaluate"]["path"]) / REPORT_FILE).read_text())
+        evaluation = {
+            "tau": report["tau"],
+            "untrained_tau": report["untrained_tau"],
+            **({"emitted_tau": report["emitted_tau"]} if "emitted_tau" in report else {}),
+            "prompts": report["prompts"],
+            "per_position_acceptance": report["draft"].get("per_position_acceptance", []),
+        }
+    return {
+        "work_dir": str(work_dir.resolve()),
+        "stages": stages,
+        "quality": quality,
+        "training": training,
+        "evaluation": evaluation,
+    }
+
+
+def show_sample(report: dict[str, Any], sample_id: str) -> int:
+    """Print one example with its loss mask: what the draft is trained on, span by span."""
+    from eaglet.config import TargetConfig
+    from eaglet.extract import render_loss_mask
+    from eaglet.reasoning import detect_format
+    from eaglet.records.examples import Example
+    from eaglet.records.io import read_jsonl
+    from eaglet.target import end_token_ids, load_tokenizer
+
+    extract = report["stages"]["extract"]
+    if extract["status"] != "complete":
+        print("the extract stage is not complete in this work dir", file=sys.stderr)
+        return 2
+    manifest = read_manifest(Path(extract["path"]))
+    example = next(
+        (
+            e
+            for e in read_jsonl(Path(extract["path"]) / EXAMPLES_FILE, Example)
+            if e.sample_id == sample_id
+        ),
+        None,
+    )
+    if example is None:
+        print(f"no example with sample_id {sample_id} in {extract['path']}", file=sys.stderr)
+        return 2
+    target = TargetConfig(model=manifest.info["target_model"])
+    tokenizer = load_tokenizer(target)
+    reasoning_format = detect_format(tokenizer, manifest.config["reasoning"]["format"])
+    end_ids = set(end_token_ids(target, tokenizer))
+    print(render_loss_mask(example, tokenizer, reasoning_format, end_ids, sys.stdout.isatty()))
+    return 0

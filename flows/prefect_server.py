@@ -1,0 +1,183 @@
+"""Prefect API servers as the `eaglet` command meets them: the temporary server of a run
+started without PREFECT_API_URL (its own process session, dying with eaglet even on kill -9),
+the URL of the active Prefect profile, and waiting for a server to answer."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """A `preexec_fn`: the child gets SIGKILL when `parent` dies, even by kill -9 (Linux's
+    PR_SET_PDEATHSIG; elsewhere a no-op)."""
+
+    def preexec() -> None:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+class TemporaryPrefectServer:
+    """The Prefect API server of a run started without PREFECT_API_URL: Prefect's own temporary
+    server (uvicorn serving `prefect.server.api.server:create_app`, no UI, the database in
+    PREFECT_HOME), started by eaglet so that
+
+    - it starts first, before eaglet imports Prefect, the flows and torch (tens of seconds on
+      a loaded machine), and comes up while they load (Prefect's own starts after them, and
+      only when the flow is called);
+    - it is in its own session: a signal to eaglet's process group (Ctrl-C, `timeout`,
+      scancel) leaves it up, so the interrupted flow run is still marked Crashed, and eaglet
+      stops it at exit, after Prefect has sent its last logs;
+    - it dies with eaglet even on kill -9 (PR_SET_PDEATHSIG, set from the main thread: the
+      hook follows the thread that forked).
+
+    The run uses it as any server at PREFECT_API_URL (set for this process and its children)."""
+
+    STARTUP_TIMEOUT_S = 120  # Prefect's 20 s default is short for a busy machine
+    running: ClassVar[list[TemporaryPrefectServer]] = []
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+        self.started = 0.0
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def start(self) -> None:
+        import importlib.util
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        spec = importlib.util.find_spec("prefect")  # its folder, without importing it
+        assert spec is not None and spec.origin is not None
+        app_dir = str(Path(spec.origin).parent.parent)
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "uvicorn", "--app-dir", app_dir,
+                "--factory", "prefect.server.api.server:create_app",
+                "--host", "127.0.0.1", "--port", str(self.port),
+                "--log-level", "error", "--lifespan", "on",
+            ],
+            env={
+                **os.environ,
+                "PREFECT_UI_ENABLED": "0",
+                "PREFECT__SERVER_EPHEMERAL": "1",
+                "PREFECT__SERVER_FINAL": "1",
+            },
+            start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()),
+        )  # fmt: skip
+        if self not in self.running:
+            self.running.append(self)
+            atexit.register(self.stop)  # before Prefect's exit hooks, so it runs after them
+
+    def wait(self) -> None:
+        """Until the server answers /health; a server that exits at start (its port taken
+        meanwhile) is started again on another port."""
+        import httpx
+
+        configured = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "0")
+        timeout = max(float(configured or 0), self.STARTUP_TIMEOUT_S)
+        restarts = 0
+        with httpx.Client(timeout=5) as client:
+            while True:
+                assert self.process is not None
+                if self.process.poll() is not None:
+                    if restarts >= 3:
+                        raise RuntimeError(
+                            f"the temporary Prefect server exited with {self.process.returncode}"
+                            " while starting; set PREFECT_API_URL to a running server instead"
+                        )
+                    restarts += 1
+                    self.start()
+                    continue
+                try:
+                    if client.get(f"{self.api_url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() - self.started > timeout:
+                    raise RuntimeError(
+                        f"the temporary Prefect server did not answer within {timeout:.0f} s; "
+                        "set PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS higher, or "
+                        "PREFECT_API_URL to a running server"
+                    )
+                time.sleep(0.1)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        from eaglet import shutdown
+
+        grace_s = min(grace_s, max(0.5, shutdown.time_left() - 1.5))  # after SIGINT/SIGTERM
+        process, self.process = self.process, None
+        if self in self.running:
+            self.running.remove(self)
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def profile_api_url() -> str | None:
+    """PREFECT_API_URL set in the active Prefect profile (`prefect config set`), read without
+    importing Prefect: a running server the run uses instead of a temporary one."""
+    import tomllib
+
+    home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
+    try:
+        profiles = tomllib.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    name = os.environ.get("PREFECT_PROFILE") or profiles.get("active", "ephemeral")
+    url = profiles.get("profiles", {}).get(name, {}).get("PREFECT_API_URL")
+    return str(url) if url else None
+
+
+# `eaglet serve` right after `prefect server start --background`: the server needs seconds.
+SERVER_WAIT_S = 120
+
+
+def wait_for_server(api_url: str, timeout_s: float) -> bool:
+    """True once `api_url/health` answers 200 (saying once that it waits), False at the end
+    of `timeout_s`."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    said = False
+    while True:
+        try:
+            if httpx.get(f"{api_url.rstrip('/')}/health", timeout=5).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        if not said:
+            print(f"waiting for the Prefect server at {api_url} ...", flush=True)
+            said = True
+        time.sleep(1)
