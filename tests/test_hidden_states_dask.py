@@ -17,9 +17,9 @@ from prefect.settings import (  # noqa: E402
     temporary_settings,
 )
 
-from eaglet.hidden_states.stage import stage_body  # noqa: E402
+from eaglet.stage_context import PlainContext  # noqa: E402
+from eaglet.stage_runner import run_stage_body  # noqa: E402
 from eaglet.storage import Manifest, stage_folder  # noqa: E402
-from tasks.caching import run_stage_task  # noqa: E402
 from tasks.hidden_states import map_hidden_state_shards  # noqa: E402
 from tests.conftest import SharedPrefectServer  # noqa: E402
 from tests.hidden_states_helpers import config_for, tiny_target, write_examples  # noqa: E402
@@ -47,8 +47,10 @@ def shards_flow(config, examples: dict) -> list[dict]:
 
 
 def finish(config, examples: dict) -> Manifest:
-    body = stage_body(config, stage_folder(config.work_dir, "extract", "ex") / "examples.jsonl")
-    return run_stage_task("hidden_states", config, {"examples": examples}, body, True)
+    """The hidden_states stage body (no Prefect task around it): with task_runner dask it
+    verifies and indexes the shards the mapped tasks built."""
+    inputs = {"examples": Manifest.model_validate(examples)}
+    return run_stage_body("hidden_states", config, inputs, PlainContext())
 
 
 def shard_bytes(folder: Path) -> dict[str, bytes]:
