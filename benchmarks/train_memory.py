@@ -113,6 +113,7 @@ def child(mode: str, target: Path, shards: Path, out: Path, steps: int) -> None:
 
     import eaglet.draft.train as train
     from eaglet.config import TargetConfig, TrainConfig
+    from eaglet.draft.train_data import HiddenStatesData
 
     torch.set_num_threads(1)
     if mode == "whole":
@@ -121,7 +122,7 @@ def child(mode: str, target: Path, shards: Path, out: Path, steps: int) -> None:
     config = TrainConfig(
         epochs=1, batch_size=4, max_steps=steps, draft_vocab_size=4096, device="cpu", threads=1
     )
-    data = train.HiddenStatesData(shards)
+    data = HiddenStatesData(shards)
     run = train.setup(data, TargetConfig(model=str(target)), out, config, [2, 8, 13], "", False)
     setup_peak = peak_rss_bytes()
     train.train_loop(run)

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from eaglet.draft.model import TTT, Eagle3Config, Eagle3Draft, ttt_attention_mask  # noqa: E402
-from eaglet.draft.train import shift_left  # noqa: E402
+from eaglet.draft.ttt_loss import shift_left  # noqa: E402
 
 
 def unroll(draft: Eagle3Draft, embed, ids, hidden, ttt_length: int, dense: bool) -> list:

@@ -13,8 +13,8 @@ from eaglet.draft.checkpoint import (
     save_training_state,
 )
 from eaglet.draft.model import TTT, Eagle3Config, Eagle3Draft, ttt_attention, ttt_attention_mask
-from eaglet.draft.train import (
-    epoch_batches,
+from eaglet.draft.train_data import epoch_batches
+from eaglet.draft.ttt_loss import (
     position_loss,
     target_in_vocab,
     target_probs,

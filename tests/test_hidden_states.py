@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eaglet.draft.train import HiddenStatesData
+from eaglet.draft.train_data import HiddenStatesData
 from eaglet.hidden_states.budget import (
     DiskBudgetError,
     check_disk_budget,

@@ -23,16 +23,9 @@ from eaglet.draft.evaluate import (
     propose,
     target_forward,
 )
-from eaglet.draft.train import (
-    HiddenStatesData,
-    epoch_order,
-    length_groups,
-    micro_batches,
-    setup,
-    train_draft,
-    train_step,
-    ttt_unroll,
-)
+from eaglet.draft.train import setup, train_draft, train_step
+from eaglet.draft.train_data import HiddenStatesData, epoch_order, length_groups, micro_batches
+from eaglet.draft.ttt_loss import ttt_unroll
 from eaglet.errors import NonFiniteError
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
 from eaglet.hidden_states.stage import stage_body
@@ -391,7 +384,7 @@ def test_a_step_split_into_length_groups_equals_one_padded_batch(world, tmp_path
     config = settings(max_seq_len=20, batch_size=12)
     runs, losses = {}, {}
     for max_padding in (0.0, float("inf")):
-        monkeypatch.setattr("eaglet.draft.train.MAX_PADDING", max_padding)
+        monkeypatch.setattr("eaglet.draft.train_data.MAX_PADDING", max_padding)
         run = setup(data, target, tmp_path / str(max_padding), config, AUX_IDS, CONVENTION, False)
         order = epoch_order(run, 0)
         pieces = [micro_batches(run, batch) for batch in order[:4]]
@@ -452,20 +445,20 @@ def test_a_non_finite_loss_fails_the_step_naming_it_and_its_first_sample(
 ):
     """A NaN in a batch's features gives a NaN loss: the step is refused before the optimizer
     moves a weight, naming the step and the batch's first sample."""
-    from eaglet.draft import train
+    from eaglet.draft import train_data
 
     data = HiddenStatesData(world / "hs", set(), 1024)
     target = TargetConfig(model=str(world / "target"))
     run = setup(data, target, tmp_path, settings(epochs=1), AUX_IDS, CONVENTION, False)
     batch = epoch_order(run, 0)[0]
-    real_collate = train.collate
+    real_collate = train_data.collate
 
     def poisoned(items):
         collated = real_collate(items)
         collated["aux_hidden_states"] = collated["aux_hidden_states"] * float("nan")
         return collated
 
-    monkeypatch.setattr(train, "collate", poisoned)
+    monkeypatch.setattr(train_data, "collate", poisoned)
     before = {k: v.clone() for k, v in run.draft.state_dict().items()}
     with pytest.raises(NonFiniteError, match=r"train step 1: the loss is not finite") as raised:
         train_step(run, batch)

@@ -14,7 +14,8 @@ from eaglet.config import TargetConfig, TrainConfig
 from eaglet.draft.evaluate import evaluate_draft
 from eaglet.draft.launch import run_job, train_job
 from eaglet.draft.online import CoLocated, OnlineData
-from eaglet.draft.train import HiddenStatesData, train_draft
+from eaglet.draft.train import train_draft
+from eaglet.draft.train_data import HiddenStatesData
 from eaglet.hidden_states.hf import HFBackend
 from eaglet.records.io import write_jsonl
 from tests.test_train_eval import (

@@ -28,7 +28,7 @@ from typing import Protocol
 import torch
 
 from eaglet.config import HiddenStatesConfig, TargetConfig
-from eaglet.draft.train import data_fingerprint, window_starts
+from eaglet.draft.train_data import data_fingerprint, window_starts
 from eaglet.draft.vocab import count_tokens
 from eaglet.hidden_states.hf import HFBackend
 from eaglet.records.examples import Example

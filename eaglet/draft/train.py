@@ -1,9 +1,10 @@
-"""Train an EAGLE-3 draft model on the target's hidden states.
+"""Train an EAGLE-3 draft model on the target's hidden states: the run and its loop.
 
-Reads top to bottom, nanoGPT-style: data (hidden-state shards -> padded batches, one training
-window per row), the target's labels (from the borrowed `lm_head`), the training-time-test unroll
-(`ttt_unroll`) and loss (`ttt_loss`), then the run itself: `setup` (data, the borrowed target
-head, vocab, model, optimizer, schedule, resume), `train_step` (one optimizer step over one global
+This module owns the run; the data side (shards -> windows -> this process's micro-batches on
+the device) is eaglet/draft/train_data.py, the training-time-test unroll and loss
+eaglet/draft/ttt_loss.py. Reads top to bottom, nanoGPT-style: the draft's settings and the loss
+plot, then `setup` (its steps: count the steps, load the borrowed target head, the vocab, build
+the draft, the optimizer, resume, the schedule), `train_step` (one optimizer step over one global
 batch), `train_loop` (the epochs, with logging and checkpoints) and `summarize`. `train_draft`
 calls the four in order. `TrainConfig` (eaglet/config.py) is the one settings type.
 
@@ -14,341 +15,39 @@ N processes follow one process's loss curve. Only rank 0 writes checkpoints and 
 
 It writes, under `out_dir`: `draft/` (the checkpoint vLLM loads), `state/` (resumable state),
 `metrics.jsonl`, `loss.png`.
-
-Indexing used throughout, for one sample x_0..x_{n-1} with target features g_t = fc(aux_t):
-TTT step i at index t feeds embed(x_{t+1+i}) and (step 0) g_t or (step i > 0) the draft's own
-step-(i-1) output at t, sits at RoPE position t + i, and predicts x_{t+2+i}, whose target
-distribution is softmax(lm_head(final_{t+1+i})) restricted to the draft vocab.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from safetensors import safe_open
 
 from eaglet.config import TargetConfig, TrainConfig
 from eaglet.cpu_threads import apply_threads
 from eaglet.draft.checkpoint import load_training_state, save_draft, save_training_state
-from eaglet.draft.model import TTT, Eagle3Config, Eagle3Draft
+from eaglet.draft.model import Eagle3Config, Eagle3Draft
 from eaglet.draft.optimizer import make_optimizer
 from eaglet.draft.schedule import warmup_cosine
 from eaglet.draft.target_head import TargetHead, load_target_head
-from eaglet.draft.vocab import DraftVocab, build_draft_vocab, count_tokens
+from eaglet.draft.train_data import HiddenStatesData, epoch_order, first_sample, load_pieces, plan
+from eaglet.draft.ttt_loss import counted_positions, target_probs, ttt_loss, ttt_start, ttt_unroll
+from eaglet.draft.vocab import DraftVocab, build_draft_vocab
 from eaglet.errors import NonFiniteError
-from eaglet.hidden_states.shards import read_window
 from eaglet.storage import atomic_folder
 from eaglet.target import resolve_device
 
 log = logging.getLogger(__name__)
-
-
-# ----------------------------------------------------------------------------------------- data
-
-MIN_SAMPLE_TOKENS = 3  # t + 2 < n: shorter windows have nothing to predict
-
-
-class HiddenStatesData:
-    """The shards of one hidden-states folder, read lazily (safetensors mmap), one item per
-    training window (a sample, or a max_seq_len piece of a longer one)."""
-
-    def __init__(
-        self,
-        root: Path,
-        exclude_sample_ids=frozenset(),
-        max_seq_len: int = 1024,
-        only_sample_ids: frozenset[str] | None = None,
-    ):
-        self.root = Path(root)
-        lines = (self.root / "index.jsonl").read_text().splitlines()
-        entries = [json.loads(line) for line in lines if line.strip()]
-        self.samples = [
-            e
-            for e in entries
-            if e["sample_id"] not in exclude_sample_ids
-            and (only_sample_ids is None or e["sample_id"] in only_sample_ids)
-        ]
-        self.windows: list[tuple[str, int, int]] = []  # (shard, offset, length)
-        self.window_sample_ids: list[str] = []  # the sample each window is cut from
-        for e in self.samples:
-            for start, length in window_starts(e["length"], max_seq_len):
-                self.windows.append((e["shard"], e["offset"] + start, length))
-                self.window_sample_ids.append(e["sample_id"])
-        self._files: dict = {}
-
-    def _file(self, shard: str):
-        if shard not in self._files:
-            self._files[shard] = safe_open(str(self.root / shard), framework="pt")
-        return self._files[shard]
-
-    def __len__(self) -> int:
-        return len(self.windows)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        shard, offset, length = self.windows[i]
-        # input_ids [n], loss_mask [n], aux_hidden_states [n, 3H], final_hidden_states [n, H]
-        return read_window(self._file(shard), offset, length)  # float, whatever the storage
-
-    def aux_width(self) -> int:
-        return self._file(self.samples[0]["shard"]).get_slice("aux_hidden_states").get_shape()[1]
-
-    def token_counts(self, vocab_size: int) -> torch.Tensor:
-        """Occurrences of each id among loss-masked tokens of the (non-excluded) samples: [V]."""
-        counts = torch.zeros(vocab_size, dtype=torch.int64)
-        for e in self.samples:
-            window = read_window(
-                self._file(e["shard"]), e["offset"], e["length"], keys=("input_ids", "loss_mask")
-            )
-            counts += count_tokens(window["input_ids"], window["loss_mask"], vocab_size)
-        return counts
-
-    def fingerprint(self, batch_size: int, max_seq_len: int) -> str:
-        return data_fingerprint([e["sample_id"] for e in self.samples], batch_size, max_seq_len)
-
-
-def window_starts(length: int, max_seq_len: int) -> list[tuple[int, int]]:
-    """(start, length) of the training windows of a sample of `length` tokens."""
-    spans = [(s, min(max_seq_len, length - s)) for s in range(0, length, max_seq_len)]
-    return [(s, n) for s, n in spans if n >= MIN_SAMPLE_TOKENS]
-
-
-def data_fingerprint(sample_ids: list[str], batch_size: int, max_seq_len: int) -> str:
-    """What decides the order of batches (with the seed): a resume checks it is unchanged."""
-    key = json.dumps([sorted(sample_ids), batch_size, max_seq_len])
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
-def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """One sample per row, right-padded with zeros; `lengths` [B] says where each row ends."""
-    lengths = torch.tensor([len(it["input_ids"]) for it in items])
-    T = int(lengths.max())
-    batch = {
-        key: torch.stack(
-            [F.pad(it[key], (0, 0) * (it[key].dim() - 1) + (0, T - len(it[key]))) for it in items]
-        )
-        for key in items[0]
-    }  # input_ids [B,T], loss_mask [B,T], aux [B,T,3H], final [B,T,H]
-    batch["lengths"] = lengths
-    return batch
-
-
-BUCKET_BATCHES = 32  # length buckets: batches whose rows are sorted by length together
-
-
-def epoch_batches(
-    num_items: int, batch_size: int, seed: int, epoch: int, lengths: list[int] | None = None
-) -> list[list[int]]:
-    """The batches of one epoch: a permutation that depends only on (seed, epoch).
-
-    With `lengths` (train.length_buckets), each run of BUCKET_BATCHES batches of that
-    permutation is sorted by length before it is cut into batches, and the batches are then
-    shuffled: the rows of a batch have about the same length, so little of a padded batch is
-    padding, and every bucket still draws from the whole epoch."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    order = torch.randperm(num_items, generator=g).tolist()
-    if lengths is None:
-        return [order[i : i + batch_size] for i in range(0, num_items, batch_size)]
-    bucket = batch_size * BUCKET_BATCHES
-    batches = []
-    for first in range(0, num_items, bucket):
-        rows = sorted(order[first : first + bucket], key=lambda i: lengths[i])
-        batches += [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
-    shuffled = torch.randperm(len(batches), generator=g).tolist()
-    return [batches[i] for i in shuffled]
-
-
-# ---------------------------------------------------------------------------- target labels
-
-
-def draft_config(target: TargetHead, config: TrainConfig, draft_vocab_size: int) -> Eagle3Config:
-    c = target.config
-    return Eagle3Config(
-        hidden_size=c["hidden_size"],
-        intermediate_size=config.intermediate_size or c["intermediate_size"],
-        num_attention_heads=c["num_attention_heads"],
-        num_key_value_heads=c["num_key_value_heads"],
-        head_dim=c["head_dim"],
-        vocab_size=c["vocab_size"],
-        draft_vocab_size=draft_vocab_size,
-        target_hidden_size=c["hidden_size"],
-        rms_norm_eps=c["rms_norm_eps"],
-        rope_theta=c["rope_theta"],
-        max_position_embeddings=c["max_position_embeddings"],
-        norm_before_fc=config.norm_before_fc,
-        norm_before_residual=config.norm_before_residual,
-        norm_output=config.norm_output,
-    )
-
-
-@torch.no_grad()
-def target_in_vocab(
-    final_hidden: torch.Tensor,  # [B, T, H], after the target's final norm
-    lm_head: torch.Tensor,  # [V, H]
-    t2d: torch.Tensor,  # bool [V]
-    chunk: int = 2048,
-) -> torch.Tensor:
-    """Whether the target's argmax is in the draft vocab, bool [B, T]; `chunk` tokens at a time
-    bound the [., V] logits."""
-    B, T, H = final_hidden.shape
-    parts = [
-        t2d[(part @ lm_head.T).argmax(-1)] for part in final_hidden.reshape(B * T, H).split(chunk)
-    ]
-    return torch.cat(parts).view(B, T)
-
-
-@torch.no_grad()
-def target_probs(
-    final_hidden: torch.Tensor,  # [B, T, H]
-    draft_lm_head: torch.Tensor,  # [Vd, H], lm_head rows of the draft vocab's target ids
-) -> torch.Tensor:
-    """The target's distribution restricted to the draft vocab, [B, T, Vd]."""
-    return (final_hidden @ draft_lm_head.T).softmax(-1)
-
-
-# ------------------------------------------------------------------------------ TTT and loss
-
-
-def shift_left(x: torch.Tensor, k: int, length: int | None = None) -> torch.Tensor:
-    """y[:, t] = x[:, t + k], zero past the end; `length` columns (default x's)."""
-    length = x.shape[1] if length is None else length
-    y = x[:, k : k + length]
-    return F.pad(y, (0, 0) * (x.dim() - 2) + (0, length - y.shape[1]))
-
-
-def ttt_unroll(
-    draft: Eagle3Draft,
-    embed: torch.Tensor,  # [V, H], the target's frozen embed_tokens
-    input_ids: torch.Tensor,  # [B, T_ids >= T]
-    hidden: torch.Tensor,  # [B, T, H], draft.fuse(aux)
-    ttt_length: int,
-    start: int = 0,
-) -> list[torch.Tensor]:
-    """Training-time test: `ttt_length` draft steps over all T positions at once.
-
-    Step i at index t reads embed(x_{t+1+i}) and the step-(i-1) output at t (g_t at step 0), sits
-    at position t + i, attends to step-0 keys <= t and steps 1..i keys at t (the `TTT` pattern,
-    which skips the masked scores). Steps after the first run over indices start..T-1 only
-    (`ttt_start`: below it none of them can count; step 0 runs everywhere, its keys are every
-    later step's context). Returns the logits of every step: step 0 [B, T, Vd], later steps
-    [B, T - start, Vd]."""
-    B, T, _ = hidden.shape
-    positions = torch.arange(T, device=hidden.device).expand(B, T)  # [B, T]
-    cache, step_logits = [], []
-    for i in range(ttt_length):
-        if i == 1:  # the later steps' indices: start..T-1
-            hidden, positions = hidden[:, start:], positions[:, start:]
-        first = T - hidden.shape[1]  # 0 at step 0, start after
-        ids = shift_left(input_ids, 1 + i, T)[:, first:]  # the token after the one step i predicts
-        hidden, cache = draft(F.embedding(ids, embed), hidden, positions + i, cache, TTT)
-        step_logits.append(draft.compute_logits(hidden))  # [B, T - first, Vd]
-    return step_logits
-
-
-def ttt_start(loss_mask: torch.Tensor, ttt_length: int) -> int:
-    """The first index where a TTT step after the first can count, over a batch (bool [B, T]
-    loss_mask): step i >= 1 at index t predicts x_{t+2+i}, which counts only if it is model
-    output, so t >= a - 2 - i for a row whose first model-output token is at a. Below it the
-    later steps compute nothing the loss reads: on a prompt-heavy batch (the fixture's answers
-    are a quarter of its tokens) that is most of their work."""
-    B, T = loss_mask.shape
-    if ttt_length < 2 or B == 0:
-        return 0
-    any_output = loss_mask.any(dim=1)  # [B]
-    first_output = torch.where(any_output, loss_mask.int().argmax(dim=1), T)  # [B]
-    return max(0, min(int(first_output.min()) - ttt_length - 1, T - 1))
-
-
-def counted_positions(
-    step: int,
-    target_in_vocab: torch.Tensor,  # bool [B, T]
-    loss_mask: torch.Tensor,  # bool [B, T], 1 = token produced by the model
-    lengths: torch.Tensor,  # [B]
-) -> torch.Tensor:
-    """bool [B, T]: TTT step `step` at index t predicts x_{t+2+step} (target distribution at
-    t+1+step); it counts when that token is model output, exists, and the target's argmax there
-    is in the draft vocab."""
-    t = torch.arange(loss_mask.shape[1], device=loss_mask.device)
-    return (
-        (t + 2 + step < lengths[:, None].to(t.device))
-        & shift_left(loss_mask, 2 + step)
-        & shift_left(target_in_vocab, 1 + step)
-    )
-
-
-LOSSES = ("kl", "tv", "kl_tv")
-
-
-def position_loss(
-    p: torch.Tensor,  # [N, Vd], target distribution
-    log_q: torch.Tensor,  # [N, Vd], draft log-probabilities
-    loss: str,
-) -> torch.Tensor:
-    """The summed loss of N positions (see `ttt_loss`)."""
-    if loss not in LOSSES:
-        raise ValueError(f"unknown loss {loss!r}; one of {LOSSES}")
-    total = log_q.new_zeros(())
-    if loss in ("kl", "kl_tv"):
-        total = total - (p * log_q).sum()
-    if loss in ("tv", "kl_tv"):
-        total = total + 0.5 * (p - log_q.exp()).abs().sum()
-    return total
-
-
-def ttt_loss(
-    step_logits: list[torch.Tensor],  # per step [B, T, Vd]
-    target_probs: torch.Tensor,  # [B, T, Vd], target distribution for the token after t
-    target_in_vocab: torch.Tensor,  # bool [B, T]
-    loss_mask: torch.Tensor,  # bool [B, T]
-    lengths: torch.Tensor,  # [B]
-    step_weight: float = 0.8,
-    denominators: list[int] | None = None,
-    loss: str = "kl",
-    start: int = 0,
-) -> tuple[torch.Tensor, dict[str, list[float]]]:
-    """Sum over steps of step_weight**i * the per-position loss, each step averaged over its
-    counted positions (`counted_positions`) — or divided by `denominators[i]`, the count over a
-    whole global batch of which this is one piece (micro-batches, data-parallel shares).
-
-    `loss` per position: `kl`, the soft cross-entropy -sum p log q (forward KL up to the
-    target's entropy); `tv`, the total variation 1/2 sum |p - q|, which is 1 - the chance a
-    sampled draft token is accepted; `kl_tv`, their sum. The logits of steps after the first
-    cover indices start..T-1 (`ttt_unroll`).
-
-    Stats per step: `loss` and `acc` (means over this piece), `count`, and the sums `loss_sum`
-    and `hits` that add up across pieces."""
-    total = step_logits[0].new_zeros((), dtype=torch.float32)
-    stats: dict[str, list[float]] = {"loss": [], "acc": [], "count": [], "loss_sum": [], "hits": []}
-    for i, logits in enumerate(step_logits):
-        b, tt = counted_positions(i, target_in_vocab, loss_mask, lengths).nonzero(as_tuple=True)
-        offset = start if i else 0  # index of the logits' first column
-        if len(tt) and int(tt.min()) < offset:
-            raise ValueError(f"TTT step {i} counts index {int(tt.min())}, before start {start}")
-        log_q = logits[b, tt - offset].float().log_softmax(-1)  # [N, Vd]
-        p = target_probs[b, tt + 1 + i]  # [N, Vd]
-        n = len(b)
-        step_sum = position_loss(p, log_q, loss)
-        denominator = max(n if denominators is None else denominators[i], 1)
-        total = total + step_weight**i * step_sum / denominator
-        hits = (log_q.argmax(-1) == p.argmax(-1)).sum().item()
-        stats["loss"].append(step_sum.item() / max(n, 1))
-        stats["acc"].append(hits / max(n, 1))
-        stats["count"].append(n)
-        stats["loss_sum"].append(step_sum.item())
-        stats["hits"].append(hits)
-    return total, stats
 
 
 # ----------------------------------------------------------------------------------- plotting
@@ -476,6 +175,131 @@ def _barrier(world: int) -> None:
         dist.barrier()
 
 
+# ------------------------------------------------------------------------ setup, step by step
+
+
+def count_steps(data: Any, config: TrainConfig) -> tuple[int, int, int, str]:
+    """Steps per epoch, total steps, the step this run stops at (train.max_steps), and the
+    fingerprint of the batch order, which a resume checks is unchanged."""
+    if len(data) == 0:
+        raise ValueError(f"no training samples in {data.root}")
+    steps_per_epoch = math.ceil(len(data) / config.batch_size)
+    total_steps = config.epochs * steps_per_epoch
+    stop_at = min(total_steps, config.max_steps or total_steps)
+    fingerprint = data.fingerprint(config.batch_size, config.max_seq_len)
+    if config.length_buckets:  # another batch order: a resume must not mix the two
+        fingerprint += "+length-buckets"
+    return steps_per_epoch, total_steps, stop_at, fingerprint
+
+
+def load_checked_head(target: TargetConfig, data: Any) -> TargetHead:
+    """The target's embed_tokens and lm_head (borrowed, frozen), checked against the features:
+    three target layers of hidden_size each."""
+    head = load_target_head(target)
+    H = head.config["hidden_size"]
+    if data.aux_width() != 3 * H:
+        raise ValueError(f"aux_hidden_states are {data.aux_width()} wide, expected 3 * {H}")
+    return head
+
+
+def start_vocab(
+    data: Any,
+    head: TargetHead,
+    config: TrainConfig,
+    out_dir: Path,
+    resuming: bool,
+    rank: int,
+    world: int,
+) -> DraftVocab:
+    """The draft vocab, computed once: a resumed run reuses the saved one; a fresh run counts
+    the data's tokens, once rank 0 has cleared an old state, best draft and metrics."""
+    _barrier(world)  # every process has looked before rank 0 clears an old state
+    if resuming:
+        return DraftVocab.load(out_dir / "state" / "vocab.json")
+    if rank == 0:
+        shutil.rmtree(out_dir / "state", ignore_errors=True)
+        shutil.rmtree(out_dir / "best", ignore_errors=True)
+        (out_dir / "metrics.jsonl").unlink(missing_ok=True)
+    return build_draft_vocab(data.token_counts(head.config["vocab_size"]), config.draft_vocab_size)
+
+
+def draft_config(target: TargetHead, config: TrainConfig, draft_vocab_size: int) -> Eagle3Config:
+    c = target.config
+    return Eagle3Config(
+        hidden_size=c["hidden_size"],
+        intermediate_size=config.intermediate_size or c["intermediate_size"],
+        num_attention_heads=c["num_attention_heads"],
+        num_key_value_heads=c["num_key_value_heads"],
+        head_dim=c["head_dim"],
+        vocab_size=c["vocab_size"],
+        draft_vocab_size=draft_vocab_size,
+        target_hidden_size=c["hidden_size"],
+        rms_norm_eps=c["rms_norm_eps"],
+        rope_theta=c["rope_theta"],
+        max_position_embeddings=c["max_position_embeddings"],
+        norm_before_fc=config.norm_before_fc,
+        norm_before_residual=config.norm_before_residual,
+        norm_output=config.norm_output,
+    )
+
+
+def build_draft(
+    head: TargetHead, config: TrainConfig, vocab: DraftVocab, device: torch.device
+) -> Eagle3Draft:
+    """A fresh draft on `device`; with train.lm_head_init=target its lm_head starts as the
+    target's rows of the draft vocab."""
+    torch.manual_seed(config.seed)  # the same initial weights in every process
+    draft = Eagle3Draft(draft_config(head, config, vocab.size))
+    draft.set_vocab(vocab.d2t, vocab.t2d)
+    if config.lm_head_init == "target":
+        with torch.no_grad():  # [Vd, H]: the target's rows of the draft vocab
+            draft.lm_head.weight.copy_(head.lm_head[vocab.ids])
+    draft.to(device)
+    return draft
+
+
+def resume_from(
+    out_dir: Path,
+    draft: Eagle3Draft,
+    optimizer: torch.optim.Optimizer,
+    fingerprint: str,
+    rank: int,
+    total_steps: int,
+) -> tuple[int, list[dict], DraftVocab]:
+    """Load `state/` into `draft` and `optimizer`; return the step it reached, the held-out
+    losses up to it and the saved vocab. Rank 0 drops the metrics logged after that step."""
+    state_dir, metrics_path = out_dir / "state", out_dir / "metrics.jsonl"
+    meta, vocab = load_training_state(state_dir, draft, optimizer)
+    if meta["data_fingerprint"] != fingerprint:
+        raise ValueError(
+            f"{state_dir} was trained on other data or batch settings; delete it (or pass "
+            "resume=False) to start over"
+        )
+    step = meta["step"]
+    heldout_losses = [r for r in meta.get("heldout_losses", []) if r["step"] <= step]
+    if rank == 0:
+        kept = [m for m in read_metrics(metrics_path) if m["step"] <= step]
+        metrics_path.write_text("".join(json.dumps(m) + "\n" for m in kept))
+    log.info("resuming at step %d of %d", step, total_steps)
+    return step, heldout_losses, vocab
+
+
+def lr_schedule(
+    optimizer: torch.optim.Optimizer, config: TrainConfig, total_steps: int, step: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Warmup then cosine to train.lr_floor, standing at `step` (a resumed run's)."""
+    for group in optimizer.param_groups:  # the schedule scales the configured peak
+        group["lr"] = config.lr
+        group.pop("initial_lr", None)
+    return warmup_cosine(
+        optimizer, config.warmup_steps, total_steps, start_step=step, floor=config.lr_floor
+    )
+
+
+# ------------------------------------------------------------------------------------- setup
+
+
+# ~65 lines: the named steps in order, then the Run's fields by name
 def setup(
     data: Any,
     target: TargetConfig,
@@ -497,62 +321,19 @@ def setup(
     device = training_device(config)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    state_dir, metrics_path = out_dir / "state", out_dir / "metrics.jsonl"
 
-    if len(data) == 0:
-        raise ValueError(f"no training samples in {data.root}")
-    steps_per_epoch = math.ceil(len(data) / config.batch_size)
-    total_steps = config.epochs * steps_per_epoch
-    stop_at = min(total_steps, config.max_steps or total_steps)
-    fingerprint = data.fingerprint(config.batch_size, config.max_seq_len)
-    if config.length_buckets:  # another batch order: a resume must not mix the two
-        fingerprint += "+length-buckets"
-
-    head = load_target_head(target)
-    H, V = head.config["hidden_size"], head.config["vocab_size"]
-    if data.aux_width() != 3 * H:
-        raise ValueError(f"aux_hidden_states are {data.aux_width()} wide, expected 3 * {H}")
-
-    # vocab: computed once; a resumed run reuses the saved one
-    resuming = resume and (state_dir / "state.json").exists()
-    _barrier(world)  # every process has looked before rank 0 clears an old state
-    if resuming:
-        vocab = DraftVocab.load(state_dir / "vocab.json")
-    else:
-        if rank == 0:
-            shutil.rmtree(state_dir, ignore_errors=True)
-            shutil.rmtree(out_dir / "best", ignore_errors=True)
-            metrics_path.unlink(missing_ok=True)
-        vocab = build_draft_vocab(data.token_counts(V), config.draft_vocab_size)
-
-    torch.manual_seed(config.seed)  # the same initial weights in every process
-    draft = Eagle3Draft(draft_config(head, config, vocab.size))
-    draft.set_vocab(vocab.d2t, vocab.t2d)
-    if config.lm_head_init == "target":
-        with torch.no_grad():  # [Vd, H]: the target's rows of the draft vocab
-            draft.lm_head.weight.copy_(head.lm_head[vocab.ids])
-    draft.to(device)
+    steps_per_epoch, total_steps, stop_at, fingerprint = count_steps(data, config)
+    head = load_checked_head(target, data)
+    resuming = resume and (out_dir / "state" / "state.json").exists()
+    vocab = start_vocab(data, head, config, out_dir, resuming, rank, world)
+    draft = build_draft(head, config, vocab, device)
     optimizer = make_optimizer(draft, config.optimizer, config.lr)
     step, heldout_losses = 0, []
     if resuming:
-        meta, vocab = load_training_state(state_dir, draft, optimizer)
-        if meta["data_fingerprint"] != fingerprint:
-            raise ValueError(
-                f"{state_dir} was trained on other data or batch settings; delete it (or pass "
-                "resume=False) to start over"
-            )
-        step = meta["step"]
-        heldout_losses = [r for r in meta.get("heldout_losses", []) if r["step"] <= step]
-        if rank == 0:
-            kept = [m for m in read_metrics(metrics_path) if m["step"] <= step]
-            metrics_path.write_text("".join(json.dumps(m) + "\n" for m in kept))
-        log.info("resuming at step %d of %d", step, total_steps)
-    for group in optimizer.param_groups:  # the schedule scales the configured peak
-        group["lr"] = config.lr
-        group.pop("initial_lr", None)
-    schedule = warmup_cosine(
-        optimizer, config.warmup_steps, total_steps, start_step=step, floor=config.lr_floor
-    )
+        step, heldout_losses, vocab = resume_from(
+            out_dir, draft, optimizer, fingerprint, rank, total_steps
+        )
+    schedule = lr_schedule(optimizer, config, total_steps, step)
     log.info("draft vocab %d ids, coverage %.4f", vocab.size, vocab.coverage)
 
     embed, lm_head = head.embed.to(device), head.lm_head.to(device)
@@ -586,90 +367,13 @@ def setup(
     )
 
 
-MAX_PADDING = 0.5  # a micro-batch's padded size is at most 1.5x its rows' tokens
-
-
-def length_groups(rows: list[int], lengths: list[int], max_padding: float) -> list[list[int]]:
-    """`rows` sorted by length and cut into runs whose padded size (rows x the longest) is at
-    most (1 + max_padding) x their tokens: a batch of mixed lengths becomes a few micro-batches
-    of about one length each, with almost no padding."""
-    groups: list[list[int]] = []
-    tokens = 0
-    for row in sorted(rows, key=lambda r: lengths[r]):
-        if groups and (len(groups[-1]) + 1) * lengths[row] <= (1 + max_padding) * (
-            tokens + lengths[row]
-        ):
-            groups[-1].append(row)
-            tokens += lengths[row]
-        else:
-            groups.append([row])
-            tokens = lengths[row]
-    return groups
-
-
-def micro_batches(run: Run, indices: list[int], data: Any = None) -> list[list[int]]:
-    """This process's share of a global batch (rows rank, rank + world, ...), sorted by length,
-    split into `grad_accumulation` pieces and each piece into runs of about one length
-    (`length_groups`). The loss of every piece is divided by the whole batch's counts, so the
-    step is the same however the rows are split; only the padding computed shrinks."""
-    windows = (run.data if data is None else data).windows
-    share = sorted(indices[run.rank :: run.world], key=lambda j: windows[j][-1])
-    size = max(1, math.ceil(len(share) / run.config.grad_accumulation))
-    lengths = {j: windows[j][-1] for j in share}
-    return [
-        group
-        for first in range(0, len(share), size)
-        for group in length_groups(share[first : first + size], lengths, MAX_PADDING)
-    ]
-
-
-def epoch_order(run: Run, epoch: int) -> list[list[int]]:
-    """The global batches of `epoch` for this run's data and settings."""
-    c = run.config
-    lengths = [window[-1] for window in run.data.windows] if c.length_buckets else None
-    return epoch_batches(len(run.data), c.batch_size, c.seed, epoch, lengths)
-
-
-def plan(run: Run) -> Iterator[list[int]]:
-    """Every micro-batch this process will read, in order, from `run.step` to the end: what an
-    online data source prefetches features for."""
-    order, order_epoch = [], -1
-    for step in range(run.step, run.stop_at):
-        epoch, index = divmod(step, run.steps_per_epoch)
-        if epoch != order_epoch:
-            order, order_epoch = epoch_order(run, epoch), epoch
-        yield from micro_batches(run, order[index])
-
-
-def _load_pieces(run: Run, indices: list[int], data: Any = None) -> list[dict[str, torch.Tensor]]:
-    """This process's micro-batches of a global batch of `data` (the training data unless
-    given), on the device, with the target's in-vocab flags; an online source computes (or
-    hands over prefetched) features here."""
-    data = run.data if data is None else data  # not `or`: an empty dataset is falsy
-    pieces = []
-    for chunk in micro_batches(run, indices, data):
-        if hasattr(data, "batch_items"):  # online: features from the target, now
-            items = data.batch_items(chunk)
-        else:
-            items = [data[j] for j in chunk]
-        batch = {k: v.to(run.device) for k, v in collate(items).items()}
-        batch["in_vocab"] = target_in_vocab(batch["final_hidden_states"], run.lm_head, run.t2d)
-        batch["windows"] = torch.tensor(chunk)  # which windows of `data`: named on a NaN loss
-        pieces.append(batch)
-    return pieces
-
-
-def first_sample(data: Any, windows: torch.Tensor) -> str:
-    """The sample id of the first of `windows` (indices into `data`), or the window index."""
-    index = int(windows[0])
-    ids = getattr(data, "window_sample_ids", None)
-    return ids[index] if ids is not None else f"window {index}"
+# -------------------------------------------------------------------------------------- step
 
 
 def piece_loss(
     run: Run, b: dict[str, torch.Tensor], denominators: list[int] | None
 ) -> tuple[torch.Tensor, dict[str, list[float]]]:
-    """`ttt_loss` of one micro-batch `b` (from `_load_pieces`): the draft's unroll over it."""
+    """`ttt_loss` of one micro-batch `b` (from `load_pieces`): the draft's unroll over it."""
     c = run.config
     probs = target_probs(b["final_hidden_states"], run.draft_lm_head)
     with torch.autocast(
@@ -705,7 +409,7 @@ def heldout_loss(run: Run) -> float:
     try:
         for first in range(0, len(data), c.batch_size):
             indices = list(range(first, min(first + c.batch_size, len(data))))
-            for b in _load_pieces(run, indices, data):
+            for b in load_pieces(run, indices, data):
                 _, stats = piece_loss(run, b, None)
                 sums[0] += torch.tensor(stats["loss_sum"], dtype=torch.float64, device=run.device)
                 sums[1] += torch.tensor(stats["count"], dtype=torch.float64, device=run.device)
@@ -724,7 +428,7 @@ def train_step(run: Run, indices: list[int]) -> dict:
     """One optimizer step over the global batch `indices`; returns its global loss, per TTT step
     the loss sums, hits and counted positions, and the tokens it read."""
     c = run.config
-    pieces = _load_pieces(run, indices)
+    pieces = load_pieces(run, indices)
     counts = torch.zeros(c.ttt_length, dtype=torch.int64, device=run.device)
     for b in pieces:
         for i in range(c.ttt_length):
@@ -775,6 +479,9 @@ def train_step(run: Run, indices: list[int]) -> dict:
     }
 
 
+# -------------------------------------------------------------------------------------- loop
+
+
 class Meter:
     """Averages of loss, per-step accuracy and throughput since the last log line."""
 
@@ -806,6 +513,23 @@ class Meter:
         }
         self._reset()
         return record
+
+
+def report(run: Run, record: dict, progress: Callable[[dict], None] | None) -> None:
+    """A log window's record (rank 0): a line of metrics.jsonl, a log line, `progress`."""
+    with run.metrics_path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+    log.info(
+        "step %d/%d loss %.4f acc %s %.0f tok/s ETA %.0f s",
+        run.step,
+        run.stop_at,
+        record["loss"],
+        [round(a, 3) for a in record["acc"]],
+        record["tokens_per_s"],
+        record["eta_s"],
+    )
+    if progress is not None:
+        progress(record)
 
 
 def save(run: Run) -> None:
@@ -855,19 +579,7 @@ def train_loop(run: Run, progress: Callable[[dict], None] | None = None) -> None
                 per_step = (time.time() - loop_started) / (run.step - first_step)
                 record |= {"stop_at": run.stop_at, "eta_s": per_step * (run.stop_at - run.step)}
                 if run.rank == 0:
-                    with run.metrics_path.open("a") as f:
-                        f.write(json.dumps(record) + "\n")
-                    log.info(
-                        "step %d/%d loss %.4f acc %s %.0f tok/s ETA %.0f s",
-                        run.step,
-                        run.stop_at,
-                        record["loss"],
-                        [round(a, 3) for a in record["acc"]],
-                        record["tokens_per_s"],
-                        record["eta_s"],
-                    )
-                    if progress is not None:
-                        progress(record)
+                    report(run, record, progress)
             if run.heldout is not None and run.step % run.steps_per_epoch == 0:  # an epoch's end
                 keep_if_best(run)
             stop = shutdown.requested()  # a signal: the checkpoint of this step, then stop
@@ -876,12 +588,7 @@ def train_loop(run: Run, progress: Callable[[dict], None] | None = None) -> None
                 save(run)
             if stop:
                 shutdown.raise_if_requested()
-    if not (run.draft_dir / "model.safetensors").exists():
-        save(run)
-    if run.heldout is not None and run.rank == 0 and (run.best_dir / "config.json").exists():
-        with atomic_folder(run.draft_dir) as tmp:  # the exported draft: the best epoch's
-            for f in run.best_dir.iterdir():
-                shutil.copyfile(f, tmp / f.name)
+    finish(run)
 
 
 def keep_if_best(run: Run) -> None:
@@ -896,6 +603,17 @@ def keep_if_best(run: Run) -> None:
         log.info("held-out loss %.4f at step %d%s", loss, run.step, " (best)" if improved else "")
         if improved:
             save_draft(run.draft, run.best_dir, run.aux_layer_ids, run.aux_layer_convention)
+
+
+def finish(run: Run) -> None:
+    """After the last step: the checkpoint, if no step wrote one (the run was already done);
+    with train.keep_best, the best epoch's draft as the exported one (rank 0)."""
+    if not (run.draft_dir / "model.safetensors").exists():
+        save(run)
+    if run.heldout is not None and run.rank == 0 and (run.best_dir / "config.json").exists():
+        with atomic_folder(run.draft_dir) as tmp:  # the exported draft: the best epoch's
+            for f in run.best_dir.iterdir():
+                shutil.copyfile(f, tmp / f.name)
 
 
 def summarize(run: Run) -> dict:
