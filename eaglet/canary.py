@@ -43,7 +43,7 @@ from eaglet.engines.registry import ENGINES, engine_spec, make_engine
 from eaglet.errors import PermanentError
 from eaglet.extract import LEAKED_THINKING, server_reasoning_text
 from eaglet.generation import Failure, run_sync
-from eaglet.reasoning import THINK_CLOSE, detect_format
+from eaglet.reasoning import THINK_CLOSE, ReasoningFormat, detect_format
 from eaglet.records.generations import Generation
 from eaglet.records.prompts import Prompt
 
@@ -297,6 +297,7 @@ def _check_token_ids(config: PipelineConfig, report: CanaryReport) -> None:
 def _check_reasoning(
     config: PipelineConfig, tokenizer: Any, engine: HTTPEngine, report: CanaryReport
 ) -> None:
+    """Checks 5 to 7 on the answers, stopping at the first that fails."""
     try:
         reasoning_format = detect_format(
             tokenizer, config.reasoning.format, config.tokenize.chat_template_kwargs
@@ -304,100 +305,150 @@ def _check_reasoning(
     except ValueError as exc:
         report.failures.append(f"{exc}: set reasoning.format to auto or none")
         return
-    max_tokens, _ = canary_limits(config)
-    capped = max_tokens < config.generation.max_tokens  # the canary's own, lower limit
-    limit_name = "generation.canary_max_tokens" if capped else "generation.max_tokens"
-    end_ids = set(engine.end_ids or [])
-    generations = report.generations
-    finished = [g for g in generations if g.finish_reason == "stop"]
-    if len(finished) < len(generations):
-        report.warnings.append(
-            f"{len(generations) - len(finished)} of {len(generations)} answers hit "
-            f"{limit_name}={max_tokens}"
-        )
-    if engine.name == "openai" and reasoning_format.reasons:
-        leaked = [g for g in generations if _thinking_in_content(g, reasoning_format, end_ids)]
-        judged = len(finished) + sum(g.finish_reason != "stop" for g in leaked)
+    check = _ReasoningCheck(config, tokenizer, engine, report, reasoning_format)
+    check.warn_cut_answers()
+    if engine.name == "openai" and reasoning_format.reasons and not check.content_is_clean():
+        return
+    if reasoning_format.reasons and not check.reasoning_closes():
+        return
+    check.server_split_agrees()
+
+
+class _ReasoningCheck:
+    """The reasoning checks of `_check_reasoning`, over the report's answers; a check that
+    returns False ends them (a failure, or nothing left to judge)."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        tokenizer: Any,
+        engine: HTTPEngine,
+        report: CanaryReport,
+        reasoning_format: ReasoningFormat,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.report = report
+        self.format = reasoning_format
+        self.max_tokens, _ = canary_limits(config)
+        self.capped = self.max_tokens < config.generation.max_tokens  # the canary's own limit
+        self.end_ids = set(engine.end_ids or [])
+        self.generations = report.generations
+        self.finished = [g for g in self.generations if g.finish_reason == "stop"]
+
+    def warn_cut_answers(self) -> None:
+        """A warning for the answers cut at the token limit."""
+        generations, finished = self.generations, self.finished
+        if len(finished) < len(generations):
+            limit_name = "generation.canary_max_tokens" if self.capped else "generation.max_tokens"
+            self.report.warnings.append(
+                f"{len(generations) - len(finished)} of {len(generations)} answers hit "
+                f"{limit_name}={self.max_tokens}"
+            )
+
+    def content_is_clean(self) -> bool:
+        """(openai engine) Check 5: the thinking did not land in `content`."""
+        leaked = [g for g in self.generations if _thinking_in_content(g, self.format, self.end_ids)]
+        judged = len(self.finished) + sum(g.finish_reason != "stop" for g in leaked)
         if systematic(len(leaked), judged):
-            report.failures.append(f"{PARSER_HINT} (samples {_ids_list(leaked)})")
-            return
+            self.report.failures.append(f"{PARSER_HINT} (samples {_ids_list(leaked)})")
+            return False
         if leaked:
-            report.warnings.append(
+            self.report.warnings.append(
                 f"{len(leaked)} of {judged} answers have thinking text in `content` (samples "
                 f"{_ids_list(leaked)}); sporadic, so not the server's setup: the extract stage "
                 "counts it (reasoning.max_thinking_in_content_rate)"
             )
-    if reasoning_format.reasons:
-        if not finished:
-            if capped:
-                report.warnings.append(
-                    f"all {len(generations)} answers reached the canary's "
-                    f"generation.canary_max_tokens={max_tokens} before the end, so the closing "
-                    f"{THINK_CLOSE} was not checked: raise generation.canary_max_tokens (and "
-                    "generation.canary_timeout_s) to check it; the quality gate counts it"
-                )
-                return
-            report.failures.append(
-                f"all {len(generations)} answers hit generation.max_tokens="
-                f"{config.generation.max_tokens} before the end, so the closing {THINK_CLOSE} "
-                "cannot be checked: raise generation.max_tokens"
-            )
-            return
+        return True
+
+    def reasoning_closes(self) -> bool:
+        """Check 6: the finished answers close their reasoning."""
+        if not self.finished:
+            self._none_finished()
+            return False
         unclosed = [
             g
-            for g in finished
-            if not reasoning_format.split(g.output_ids, end_ids).reasoning_closed
+            for g in self.finished
+            if not self.format.split(g.output_ids, self.end_ids).reasoning_closed
         ]
         line = (
-            f"{len(unclosed)} of {len(finished)} finished answers have no closing "
+            f"{len(unclosed)} of {len(self.finished)} finished answers have no closing "
             f"{THINK_CLOSE} token (samples {_ids_list(unclosed)}), yet reasoning.format is "
-            f"{reasoning_format.name}"
+            f"{self.format.name}"
         )
-        if systematic(len(unclosed), len(finished)):
-            report.failures.append(
+        if systematic(len(unclosed), len(self.finished)):
+            self.report.failures.append(
                 f"{line}: check tokenize.chat_template_kwargs (e.g. enable_thinking) and "
                 "reasoning.format, and that the server does not strip the tag from its output"
             )
-            return
+            return False
         if unclosed:
-            report.warnings.append(
+            self.report.warnings.append(
                 f"{line}; sporadic, so not the setup: the quality gate counts it over the "
                 "whole data (reasoning.min_capture_rate)"
             )
         else:
-            report.passed.append(
+            self.report.passed.append(
                 f"every finished answer closes its reasoning with {THINK_CLOSE} "
-                f"(format {reasoning_format.name})"
+                f"(format {self.format.name})"
             )
-    disagreements = []
-    compared = 0
-    for g in finished:  # parsers differ on unclosed reasoning: compare finished answers only
-        server_text = server_reasoning_text(g.raw)
-        if server_text is None:
-            continue
-        compared += 1
-        split = reasoning_format.split(g.output_ids, end_ids)
-        ours = tokenizer.decode(split.ids("reasoning")).strip()
-        if server_text.strip() != ours:
-            disagreements.append((g.sample_id, server_text.strip(), ours))
-    if disagreements:
-        sample_id, theirs, ours = disagreements[0]
-        line = (
-            f"{len(disagreements)} of {compared} answers: the server's reasoning text differs "
-            f"from eaglet's split of the token ids (sample {sample_id}: server {theirs[:80]!r}, "
-            f"tokens {ours[:80]!r})"
+        return True
+
+    def _none_finished(self) -> None:
+        """No answer ended before the token limit: a warning at the canary's own limit, a
+        failure at the run's."""
+        if self.capped:
+            self.report.warnings.append(
+                f"all {len(self.generations)} answers reached the canary's "
+                f"generation.canary_max_tokens={self.max_tokens} before the end, so the closing "
+                f"{THINK_CLOSE} was not checked: raise generation.canary_max_tokens (and "
+                "generation.canary_timeout_s) to check it; the quality gate counts it"
+            )
+            return
+        self.report.failures.append(
+            f"all {len(self.generations)} answers hit generation.max_tokens="
+            f"{self.config.generation.max_tokens} before the end, so the closing {THINK_CLOSE} "
+            "cannot be checked: raise generation.max_tokens"
         )
-        if systematic(len(disagreements), compared):
-            report.failures.append(
-                f"{line}: the server's --reasoning-parser does not match the model (check "
-                "reasoning.format too); eaglet trains on its own token split"
+
+    def server_split_agrees(self) -> None:
+        """Check 7: reasoning text the server split out agrees with eaglet's token split."""
+        disagreements, compared = self._disagreements()
+        if disagreements:
+            sample_id, theirs, ours = disagreements[0]
+            line = (
+                f"{len(disagreements)} of {compared} answers: the server's reasoning text "
+                f"differs from eaglet's split of the token ids (sample {sample_id}: server "
+                f"{theirs[:80]!r}, tokens {ours[:80]!r})"
             )
-        else:
-            report.warnings.append(
-                f"{line}; sporadic: extract lists every one in server_disagreements.jsonl"
+            if systematic(len(disagreements), compared):
+                self.report.failures.append(
+                    f"{line}: the server's --reasoning-parser does not match the model (check "
+                    "reasoning.format too); eaglet trains on its own token split"
+                )
+            else:
+                self.report.warnings.append(
+                    f"{line}; sporadic: extract lists every one in server_disagreements.jsonl"
+                )
+        elif compared:
+            self.report.passed.append(
+                "the server's reasoning text agrees with eaglet's token split"
             )
-    elif compared:
-        report.passed.append("the server's reasoning text agrees with eaglet's token split")
+
+    def _disagreements(self) -> tuple[list[tuple[str, str, str]], int]:
+        """(sample id, server text, eaglet's text) where they differ, and how many compared."""
+        disagreements = []
+        compared = 0
+        for g in self.finished:  # parsers differ on unclosed reasoning: compare finished only
+            server_text = server_reasoning_text(g.raw)
+            if server_text is None:
+                continue
+            compared += 1
+            split = self.format.split(g.output_ids, self.end_ids)
+            ours = self.tokenizer.decode(split.ids("reasoning")).strip()
+            if server_text.strip() != ours:
+                disagreements.append((g.sample_id, server_text.strip(), ours))
+        return disagreements, compared
 
 
 def _thinking_in_content(g: Generation, reasoning_format: Any, end_ids: set[int]) -> bool:

@@ -18,18 +18,19 @@ only a sync `generate` (the local engine) run in a worker thread.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from eaglet.errors import is_transient_status
 from eaglet.progress import Throttle
 from eaglet.records.generations import Generation
-from eaglet.records.io import Record, record_line, repair_and_read_ids, repair_jsonl
+from eaglet.records.io import Record, Repair, record_line, repair_and_read_ids, repair_jsonl
 from eaglet.records.prompts import Prompt
 
 T = TypeVar("T")
@@ -220,6 +221,124 @@ class _ProgressReporter:
         await asyncio.to_thread(self.callback, progress)
 
 
+def _unique_prompts(prompts: Iterable[Prompt]) -> dict[str, Prompt]:
+    """The prompts by sample id, the first of each id kept, in order."""
+    unique: dict[str, Prompt] = {}
+    for prompt in prompts:
+        unique.setdefault(prompt.sample_id, prompt)
+    return unique
+
+
+def _starting_summary(
+    unique: dict[str, Prompt],
+    repair: Repair,
+    previous_failures: set[str],
+    out_path: Path,
+    failed_path: Path,
+) -> GenerationSummary:
+    """The summary before the first request: what the files already hold, nothing written."""
+    done_ids = repair.ids
+    return GenerationSummary(
+        total=len(unique),
+        already_done=len(done_ids & unique.keys()),
+        written=0,
+        failed=0,
+        truncated=0,
+        output_tokens=0,
+        elapsed_s=0.0,
+        retried_failures=len(previous_failures - done_ids),
+        out_path=str(out_path),
+        failed_path=str(failed_path),
+        set_aside_lines=len(repair.set_aside),
+    )
+
+
+def _progress_of(summary: GenerationSummary, started: float) -> GenerationProgress:
+    """The progress so far of a run that started at `started` (a `time.monotonic()` value)."""
+    elapsed = time.monotonic() - started
+    rate = summary.written / max(elapsed, 1e-9)
+    remaining = summary.total - summary.done - summary.failed
+    return GenerationProgress(
+        done=summary.done,
+        total=summary.total,
+        failed=summary.failed,
+        truncated=summary.truncated,
+        elapsed_s=elapsed,
+        requests_per_s=rate,
+        output_tokens_per_s=summary.output_tokens / max(elapsed, 1e-9),
+        eta_s=remaining / rate if summary.written else None,
+    )
+
+
+def _append_line(handle: IO[str], record: Record) -> None:
+    """Write `record` as one line and flush it (a killed process loses no finished line)."""
+    handle.write(record_line(record))
+    handle.flush()
+
+
+class _RecordWriter:
+    """Writes each record (or failure) as one flushed line and counts it in the summary;
+    fsyncs the output every `FSYNC_EVERY_S` seconds."""
+
+    def __init__(
+        self,
+        out: IO[str],
+        failed: IO[str],
+        summary: GenerationSummary,
+        pending_ids: set[str],
+        limit: float | None,
+    ) -> None:
+        self.out = out
+        self.failed = failed
+        self.summary = summary
+        self.pending_ids = pending_ids
+        self.limit = limit  # failures allowed before the run stops, None for no limit
+        self.last_sync = time.monotonic()
+
+    def expects(self, item: Generation | Failure) -> bool:
+        """True for an id asked for and not answered yet."""
+        return item.sample_id in self.pending_ids
+
+    def write(self, item: Generation | Failure) -> bool:
+        """Write and count `item`; False once the failures are over the limit (stop)."""
+        self.pending_ids.discard(item.sample_id)
+        if isinstance(item, Failure):
+            _append_line(self.failed, item)
+            self._count_failure(item)
+            if self.limit is not None and self.summary.failed > self.limit:
+                self.summary.stopped_early = True
+                return False
+        else:
+            _append_line(self.out, item)
+            self._count_generation(item)
+        if time.monotonic() - self.last_sync > FSYNC_EVERY_S:
+            os.fsync(self.out.fileno())
+            self.last_sync = time.monotonic()
+        return True
+
+    def _count_failure(self, item: Failure) -> None:
+        """Count a failure in the summary (the first few kept as examples)."""
+        self.summary.failed += 1
+        self.summary.transient_failures += is_transient_status(item.status)
+        if len(self.summary.failure_examples) < 3:
+            self.summary.failure_examples.append(item)
+
+    def _count_generation(self, item: Generation) -> None:
+        """Count a record in the summary: its output tokens and finish reason."""
+        reasons = self.summary.finish_reasons
+        self.summary.written += 1
+        self.summary.output_tokens += len(item.output_ids)
+        self.summary.truncated += item.finish_reason == "length"
+        reasons[item.finish_reason] = reasons.get(item.finish_reason, 0) + 1
+
+    def sync(self) -> None:
+        """Flush and fsync both files (the end of a run, however it ends)."""
+        self.out.flush()
+        os.fsync(self.out.fileno())
+        self.failed.flush()
+        os.fsync(self.failed.fileno())
+
+
 async def run_generation(
     engine: Any,
     prompts: Iterable[Prompt],
@@ -241,87 +360,32 @@ async def run_generation(
     out_path, failed_path = Path(out_path), Path(failed_path)
     started = time.monotonic()
     repair = repair_jsonl(out_path)  # unreadable lines set aside, never dropped
-    done_ids = repair.ids
     previous_failures = read_failed_ids(failed_path)
-    unique: dict[str, Prompt] = {}
-    for prompt in prompts:
-        unique.setdefault(prompt.sample_id, prompt)
-    todo = [p for sid, p in unique.items() if sid not in done_ids]
-    total = len(unique)
-    summary = GenerationSummary(
-        total=total,
-        already_done=len(done_ids & unique.keys()),
-        written=0,
-        failed=0,
-        truncated=0,
-        output_tokens=0,
-        elapsed_s=0.0,
-        retried_failures=len(previous_failures - done_ids),
-        out_path=str(out_path),
-        failed_path=str(failed_path),
-        set_aside_lines=len(repair.set_aside),
-    )
+    unique = _unique_prompts(prompts)
+    todo = [p for sid, p in unique.items() if sid not in repair.ids]
+    summary = _starting_summary(unique, repair, previous_failures, out_path, failed_path)
     reporter = _ProgressReporter(progress)
-
-    def snapshot() -> GenerationProgress:
-        elapsed = time.monotonic() - started
-        rate = summary.written / max(elapsed, 1e-9)
-        remaining = total - summary.done - summary.failed
-        return GenerationProgress(
-            done=summary.done,
-            total=total,
-            failed=summary.failed,
-            truncated=summary.truncated,
-            elapsed_s=elapsed,
-            requests_per_s=rate,
-            output_tokens_per_s=summary.output_tokens / max(elapsed, 1e-9),
-            eta_s=remaining / rate if summary.written else None,
-        )
-
+    snapshot = functools.partial(_progress_of, summary, started)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     failed_path.parent.mkdir(parents=True, exist_ok=True)
-    pending_ids = {p.sample_id for p in todo}
-    last_sync = time.monotonic()
-    limit = None if max_failure_fraction is None else max_failure_fraction * max(1, total)
+    limit = None if max_failure_fraction is None else max_failure_fraction * max(1, summary.total)
     with (
         open(out_path, "a", encoding="utf-8") as out,
         open(failed_path, "a" if append_failures else "w") as failed,
     ):
+        writer = _RecordWriter(out, failed, summary, {p.sample_id for p in todo}, limit)
         stream = _records_of(engine, todo) if todo else None
         try:
             async for item in stream or _nothing():
-                if item.sample_id not in pending_ids:
+                if not writer.expects(item):
                     continue  # an engine answering twice, or an id we never asked for
-                pending_ids.discard(item.sample_id)
-                if isinstance(item, Failure):
-                    failed.write(record_line(item))
-                    failed.flush()
-                    summary.failed += 1
-                    summary.transient_failures += is_transient_status(item.status)
-                    if len(summary.failure_examples) < 3:
-                        summary.failure_examples.append(item)
-                    if limit is not None and summary.failed > limit:
-                        summary.stopped_early = True
-                        break
-                else:
-                    out.write(record_line(item))
-                    out.flush()
-                    summary.written += 1
-                    summary.output_tokens += len(item.output_ids)
-                    summary.truncated += item.finish_reason == "length"
-                    reason = item.finish_reason
-                    summary.finish_reasons[reason] = summary.finish_reasons.get(reason, 0) + 1
-                if time.monotonic() - last_sync > FSYNC_EVERY_S:
-                    os.fsync(out.fileno())
-                    last_sync = time.monotonic()
+                if not writer.write(item):
+                    break  # more prompts failed than max_failure_fraction allows
                 reporter.maybe(snapshot)
         finally:
             if stream is not None:
                 await stream.aclose()
-            out.flush()
-            os.fsync(out.fileno())
-            failed.flush()
-            os.fsync(failed.fileno())
+            writer.sync()
     summary.elapsed_s = time.monotonic() - started
     await reporter.final(snapshot())
     if summary.stopped_early:

@@ -333,10 +333,7 @@ def run_stage(
         os.replace(final, final.with_name(f"{key}.replaced-{int(time.time())}"))
     complete = check_stage_folder(final)
     if reopen_if is not None and complete is not None and reopen_if(complete):
-        if partial.exists():
-            raise RuntimeError(f"cannot reopen {final}: {partial} exists too; remove one of them")
-        (final / MANIFEST).unlink()
-        os.replace(final, partial)
+        _reopen(final, partial)
         resume_partial = True
     existing = read_manifest(final)  # checked above
     if existing is not None:
@@ -347,12 +344,7 @@ def run_stage(
     started = time.time()
     with naming_a_full_disk(partial):
         output = body(partial)
-    names = [
-        str(path.relative_to(partial))
-        for path in sorted(partial.rglob("*"))
-        if path.is_file() and path.name != MANIFEST
-    ]
-    files = {name: _file_entry(partial / name, output.files.get(name)) for name in names}
+    files = _hashed_files(partial, output)
     manifest = Manifest(
         stage=stage,
         key=key,
@@ -366,8 +358,31 @@ def run_stage(
         started=started,
         finished=time.time(),
     )
+    _publish(manifest, partial, final)
+    return manifest
+
+
+def _reopen(final: Path, partial: Path) -> None:
+    """Turn the complete folder `final` back into the partial one, its files kept."""
+    if partial.exists():
+        raise RuntimeError(f"cannot reopen {final}: {partial} exists too; remove one of them")
+    (final / MANIFEST).unlink()
+    os.replace(final, partial)
+
+
+def _hashed_files(partial: Path, output: StageOutput) -> dict[str, dict[str, Any]]:
+    """The manifest's `files`: every file the body wrote (name -> sha256, bytes), sorted."""
+    names = [
+        str(path.relative_to(partial))
+        for path in sorted(partial.rglob("*"))
+        if path.is_file() and path.name != MANIFEST
+    ]
+    return {name: _file_entry(partial / name, output.files.get(name)) for name in names}
+
+
+def _publish(manifest: Manifest, partial: Path, final: Path) -> None:
+    """Seal `manifest` (its checksum), write it into `partial`, and rename that into place."""
     manifest.checksum = manifest.own_checksum()
     with naming_a_full_disk(partial):
         write_json_atomic(partial / MANIFEST, manifest.model_dump())
     replace_folder(partial, final)  # over an incomplete leftover without a manifest, if any
-    return manifest

@@ -42,6 +42,9 @@ def _run_pipeline(
 
     # Offline clusters are common: Prefect's usage telemetry would only log resolver errors.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # A config pointing at the demo's model and data (`eaglet demo`'s): they are built first,
+    # before the temporary server starts; the preflight below only checks.
+    ensure_demo_inputs(config)
     server = None
     # From the main thread only: PR_SET_PDEATHSIG would fire when another thread exits.
     main_thread = threading.current_thread() is threading.main_thread()
@@ -49,7 +52,6 @@ def _run_pipeline(
         server = TemporaryPrefectServer()
         server.start()  # it comes up while the imports below run
     shutdown.set_stage("the preflight")
-    ensure_demo_inputs(config)  # a config pointing at the demo's model and data: built first
     try:
         run_preflight_ahead(config)  # a problem fails here in seconds, no flow run started
     except PreflightError:

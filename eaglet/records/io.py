@@ -115,6 +115,20 @@ def repair_jsonl(path: Path) -> Repair:
     if not path.exists():
         return repair
     size = path.stat().st_size
+    good_bytes, bad = _scan_lines(path, repair)
+    if bad:
+        _set_aside_lines(path, bad, repair)
+    elif good_bytes != size:
+        with open(path, "r+b") as handle:
+            handle.truncate(good_bytes)
+    if repair.cut_bytes:
+        log.info("%s: cut a torn last line of %d bytes (a write cut short)", path, repair.cut_bytes)
+    return repair
+
+
+def _scan_lines(path: Path, repair: Repair) -> tuple[int, dict[int, str]]:
+    """Read `path` into `repair` (ids, a torn last line's bytes); return the bytes of whole
+    lines and the unreadable lines (line number -> why)."""
     good_bytes = 0
     bad: dict[int, str] = {}
     with open(path, "rb") as handle:
@@ -130,44 +144,43 @@ def repair_jsonl(path: Path) -> Repair:
                 bad[line_number] = why or "unreadable"
             else:
                 repair.ids.add(sample_id)
-    if bad:
-        repair.rejected_path = rejected_lines_path(path)
-        repair.set_aside = sorted(bad)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.repair")
-        with (
-            open(path, "rb") as source,
-            open(tmp, "wb") as kept,
-            open(repair.rejected_path, "a", encoding="utf-8") as rejected,
-        ):
-            for line_number, line in enumerate(source, start=1):
-                if not line.endswith(b"\n"):
-                    break
-                if line_number in bad:
-                    text = line[:-1].decode("utf-8", errors="surrogateescape")
-                    entry = {"file": path.name, "line": line_number, "why": bad[line_number]}
-                    rejected.write(json.dumps({**entry, "text": text}) + "\n")
-                else:
-                    kept.write(line)
-            rejected.flush()
-            os.fsync(rejected.fileno())
-            kept.flush()
-            os.fsync(kept.fileno())
-        os.replace(tmp, path)
-        log.warning(
-            "%s: %d unreadable line(s) (line %s) set aside in %s; the %d records around them "
-            "are kept and those samples will be generated again",
-            path,
-            len(bad),
-            ", ".join(str(n) for n in repair.set_aside[:10]),
-            repair.rejected_path,
-            len(repair.ids),
-        )
-    elif good_bytes != size:
-        with open(path, "r+b") as handle:
-            handle.truncate(good_bytes)
-    if repair.cut_bytes:
-        log.info("%s: cut a torn last line of %d bytes (a write cut short)", path, repair.cut_bytes)
-    return repair
+    return good_bytes, bad
+
+
+def _set_aside_lines(path: Path, bad: dict[int, str], repair: Repair) -> None:
+    """Move the `bad` lines to the rejected-lines file and rewrite `path` without them (and
+    without a torn last line), atomically; log what was set aside."""
+    repair.rejected_path = rejected_lines_path(path)
+    repair.set_aside = sorted(bad)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.repair")
+    with (
+        open(path, "rb") as source,
+        open(tmp, "wb") as kept,
+        open(repair.rejected_path, "a", encoding="utf-8") as rejected,
+    ):
+        for line_number, line in enumerate(source, start=1):
+            if not line.endswith(b"\n"):
+                break
+            if line_number in bad:
+                text = line[:-1].decode("utf-8", errors="surrogateescape")
+                entry = {"file": path.name, "line": line_number, "why": bad[line_number]}
+                rejected.write(json.dumps({**entry, "text": text}) + "\n")
+            else:
+                kept.write(line)
+        rejected.flush()
+        os.fsync(rejected.fileno())
+        kept.flush()
+        os.fsync(kept.fileno())
+    os.replace(tmp, path)
+    log.warning(
+        "%s: %d unreadable line(s) (line %s) set aside in %s; the %d records around them "
+        "are kept and those samples will be generated again",
+        path,
+        len(bad),
+        ", ".join(str(n) for n in repair.set_aside[:10]),
+        repair.rejected_path,
+        len(repair.ids),
+    )
 
 
 def repair_and_read_ids(path: Path) -> set[str]:
