@@ -42,11 +42,11 @@ from eaglet.draft.launch import launch, pipeline_job, run_job  # noqa: E402
 from eaglet.fixture.model import eval_prompts, greedy_generate  # noqa: E402
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids  # noqa: E402
 from eaglet.hidden_states.stage import stage_body  # noqa: E402
-from eaglet.hidden_states.vllm import server_args  # noqa: E402
+from eaglet.hidden_states.vllm_backend import server_args  # noqa: E402
 from eaglet.records.examples import Example  # noqa: E402
 from eaglet.records.io import write_jsonl  # noqa: E402
 from eaglet.target import load_config, load_model, load_tokenizer  # noqa: E402
-from eaglet.vllm_server import free_port, vllm_server  # noqa: E402
+from eaglet.vllm_process import free_port, vllm_server  # noqa: E402
 
 
 def folder_bytes(folder: Path) -> int:

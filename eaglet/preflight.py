@@ -462,7 +462,7 @@ def check_template(config: PipelineConfig, tokenizer: Any, report: PreflightRepo
 
 
 def check_lengths(config: PipelineConfig, model_config: Any, report: PreflightReport) -> None:
-    from eaglet.prompts import context_length
+    from eaglet.prompt_rendering import context_length
 
     context = context_length(model_config)
     if context is None:

@@ -177,7 +177,7 @@ def _doctor_canary(config: PipelineConfig, tokenizer: Any) -> list[str]:
     the problems found (the canary's own report is printed)."""
     from eaglet.canary import run_canary
     from eaglet.datasets import read_samples
-    from eaglet.prompts import render_prompt
+    from eaglet.prompt_rendering import render_prompt
 
     problems: list[str] = []
     prompts = []

@@ -21,7 +21,7 @@ from prefect import get_run_logger, task, unmapped
 from eaglet.config import ExecutionConfig, PipelineConfig
 from eaglet.errors import PermanentError
 from eaglet.hidden_states.stage import ShardSpec, backend_factory, build_shard, prepare_stage
-from eaglet.hidden_states.vllm import started_server
+from eaglet.hidden_states.vllm_backend import started_server
 from eaglet.stages import EXAMPLES_FILE
 from eaglet.storage import read_manifest, stage_dir
 from tasks.caching import partial_folder, run_stage_task, stage_task

@@ -88,7 +88,7 @@ class SharedPrefectServer:
     def api_url(cls) -> str:
         if cls.url is not None:
             return cls.url
-        from eaglet.vllm_server import free_port
+        from eaglet.vllm_process import free_port
 
         home = Path(tempfile.mkdtemp(prefix="eaglet-test-prefect-"))
         port = free_port()

@@ -16,11 +16,11 @@ from eaglet.hidden_states.budget import (
     check_disk_budget,
     estimate_bytes,
 )
+from eaglet.hidden_states.feature_encoding import bytes_per_token, decode, encode
 from eaglet.hidden_states.hf import HFBackend, length_batches
 from eaglet.hidden_states.layers import resolve_aux_layer_ids
 from eaglet.hidden_states.shards import read_window, write_safetensors_hashed
 from eaglet.hidden_states.stage import plan_shards, stage_body
-from eaglet.hidden_states.storage import bytes_per_token, decode, encode
 from eaglet.storage import sha256_file
 from tests.hidden_states_helpers import config_for, tiny_target, write_examples
 

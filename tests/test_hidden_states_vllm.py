@@ -22,7 +22,7 @@ from eaglet.hidden_states.hf import HFBackend
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
 from eaglet.hidden_states.shards import read_window
 from eaglet.hidden_states.stage import stage_body
-from eaglet.hidden_states.vllm import VllmBackend, VllmFeatureSource, started_server
+from eaglet.hidden_states.vllm_backend import VllmBackend, VllmFeatureSource, started_server
 from tests.hidden_states_helpers import config_for, write_examples
 from tests.vllm_server import vllm_python
 

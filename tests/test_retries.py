@@ -17,7 +17,7 @@ from eaglet.errors import PermanentError, TransientError, is_transient, is_trans
 from eaglet.extract import QualityGateError
 from eaglet.generation import GenerationSummary, TooManyFailuresError
 from eaglet.hidden_states.budget import DiskBudgetError
-from eaglet.prompts import PromptError
+from eaglet.prompt_rendering import PromptError
 from eaglet.records.io import RecordFileError
 from eaglet.storage import DiskFullError
 from tests.conftest import ROOT, cli_env

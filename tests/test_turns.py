@@ -12,7 +12,7 @@ from eaglet.config import PipelineConfig, TargetConfig
 from eaglet.engines.base import SamplingParams
 from eaglet.engines.local import LocalEngine
 from eaglet.extract import write_examples
-from eaglet.prompts import PromptError, render_prompt
+from eaglet.prompt_rendering import PromptError, render_prompt
 from eaglet.reasoning import detect_format
 from eaglet.records.examples import Example
 from eaglet.records.generations import Generation

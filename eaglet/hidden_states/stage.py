@@ -32,10 +32,10 @@ from eaglet.config import PipelineConfig
 from eaglet.cpu_threads import apply_threads
 from eaglet.errors import NonFiniteError
 from eaglet.hidden_states.budget import check_disk_budget
+from eaglet.hidden_states.feature_encoding import bytes_per_token, check_storage, encode
 from eaglet.hidden_states.hf import HFBackend
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids
 from eaglet.hidden_states.shards import join_samples, write_safetensors_hashed
-from eaglet.hidden_states.storage import bytes_per_token, check_storage, encode
 from eaglet.progress import Throttle
 from eaglet.records.examples import Example
 from eaglet.storage import StageOutput, sha256_file, write_json_atomic
@@ -295,7 +295,7 @@ def make_backend(config: PipelineConfig):
     """The configured backend (hf: the target loaded in this process; vllm: a client)."""
     settings = config.hidden_states
     if settings.backend == "vllm":
-        from eaglet.hidden_states.vllm import VllmBackend
+        from eaglet.hidden_states.vllm_backend import VllmBackend
 
         return VllmBackend(config.target, settings)
     return HFBackend(
@@ -323,7 +323,7 @@ def backend_factory(
             apply_threads("hidden_states", report=report)  # in the thread that computes
             run = config
             if stack is not None:
-                from eaglet.hidden_states.vllm import started_server
+                from eaglet.hidden_states.vllm_backend import started_server
 
                 run = stack.enter_context(started_server(config, folder, report))
             made.append(make_backend(run))

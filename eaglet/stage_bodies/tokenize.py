@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eaglet.config import PipelineConfig
-from eaglet.prompts import context_length, write_prompts
+from eaglet.prompt_rendering import context_length, write_prompts
 from eaglet.stage_context import StageContext
 from eaglet.stages import SAMPLES_FILE
 from eaglet.storage import Manifest, StageOutput, stage_dir

@@ -15,7 +15,7 @@ from pathlib import Path
 from eaglet.config import PipelineConfig
 from eaglet.draft.export import write_exports
 from eaglet.draft.launch import feature_disk, pipeline_job, run_training
-from eaglet.hidden_states.vllm import started_server
+from eaglet.hidden_states.vllm_backend import started_server
 from eaglet.progress import Throttle
 from eaglet.stage_context import StageContext
 from eaglet.stages import DRAFT_FOLDER, EXAMPLES_FILE

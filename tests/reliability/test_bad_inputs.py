@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from eaglet.config import ConfigError, DatasetSpec, TokenizeConfig, load_config
 from eaglet.datasets import DatasetError, RowSkipped, normalise_row, read_samples, write_samples
-from eaglet.prompts import write_prompts
+from eaglet.prompt_rendering import write_prompts
 from eaglet.records.io import RecordFileError, read_jsonl, repair_and_read_ids, write_jsonl
 from eaglet.records.samples import Sample
 
@@ -278,15 +278,15 @@ def test_a_prompt_over_max_prompt_tokens_is_skipped_with_its_length(tmp_path, to
 def test_a_20_mb_message_is_rejected_without_tokenizing_naming_the_finished_folder(
     tmp_path, tokenizer, monkeypatch
 ):
-    import eaglet.prompts
+    import eaglet.prompt_rendering
 
     huge = Sample(
         sample_id="huge", source="s", messages=[{"role": "user", "content": "x" * 20_000_000}]
     )
     rendered = []
-    original = eaglet.prompts.render_prompt
+    original = eaglet.prompt_rendering.render_prompt
     monkeypatch.setattr(
-        eaglet.prompts,
+        eaglet.prompt_rendering,
         "render_prompt",
         lambda s, *a: rendered.append(s.sample_id) or original(s, *a),
     )

@@ -416,7 +416,7 @@ def connector_server(answer: dict):
 
 def vllm_backend(fixture_model_dir: Path, url: str, connector: Path):
     from eaglet.config import HiddenStatesConfig, TargetConfig
-    from eaglet.hidden_states.vllm import VllmBackend
+    from eaglet.hidden_states.vllm_backend import VllmBackend
 
     settings = HiddenStatesConfig(backend="vllm", endpoints=[url], connector_path=str(connector))
     return VllmBackend(TargetConfig(model=str(fixture_model_dir)), settings)

@@ -41,7 +41,7 @@ from eaglet.config import HiddenStatesConfig, PipelineConfig, TargetConfig
 from eaglet.hidden_states.layers import resolve_aux_layer_ids
 from eaglet.records.examples import Example
 from eaglet.target import load_config, resolve_device
-from eaglet.vllm_server import free_port, vllm_server
+from eaglet.vllm_process import free_port, vllm_server
 
 CPU_CONNECTOR = ("CpuHiddenStatesConnector", "eaglet.hidden_states.vllm_cpu_connector")
 STOCK_CONNECTOR = (
@@ -207,7 +207,7 @@ class VllmBackend:
             raise RuntimeError(
                 f"sample {sample_id}: {url} named {server_path!r} as its hidden-states file; "
                 "a connector file is a .safetensors file: is this the server with eaglet's "
-                "connector (eaglet.hidden_states.vllm.server_args)?"
+                "connector (eaglet.hidden_states.vllm_backend.server_args)?"
             )
         return str(Path(self.settings.connector_path) / name)
 
@@ -236,7 +236,8 @@ class VllmBackend:
         if not isinstance(params, dict) or "hidden_states_path" not in params:
             raise RuntimeError(
                 f"{url} returned no kv_transfer_params.hidden_states_path: start the server "
-                "with eaglet.hidden_states.vllm.server_args (extract_hidden_states + connector)"
+                "with eaglet.hidden_states.vllm_backend.server_args (extract_hidden_states + "
+                "connector)"
             )
         path = self._local_path(url, example.sample_id, params["hidden_states_path"])
         try:

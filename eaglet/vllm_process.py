@@ -3,7 +3,7 @@ on `/health`, stopped by signalling the whole group (vLLM has child processes).
 
 One home for what both users of a local server need: the evaluate stage (the target with the
 draft as its eagle3 speculative model, `eaglet.draft.serving`) and the hidden_states stage and
-online training (the target with `extract_hidden_states`, `eaglet.hidden_states.vllm`).
+online training (the target with `extract_hidden_states`, `eaglet.hidden_states.vllm_backend`).
 """
 
 from __future__ import annotations
