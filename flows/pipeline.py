@@ -1,12 +1,13 @@
-"""The eaglet pipeline: seven stage tasks wired in order, and the run report at the end.
-Nothing here does the work."""
+"""The eaglet pipeline: the stage tasks of `eaglet.stages` wired in order, and the run report at
+the end. Nothing here does the work."""
 
 from __future__ import annotations
 
+import importlib
 import time
 from pathlib import Path
 
-from prefect import flow
+from prefect import Task, flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
@@ -23,24 +24,16 @@ from eaglet.run_report import (
 from eaglet.stages import STAGE_LIST, STAGES, StageName
 from eaglet.storage import stage_dir
 from tasks.caching import partial_folder, result_storage_path, stage_failure
-from tasks.download import download
-from tasks.evaluate import evaluate
-from tasks.extract import extract
-from tasks.generate import generate
-from tasks.hidden_states import hidden_states, map_hidden_state_shards
-from tasks.tokenize import tokenize
-from tasks.train import train
+from tasks.hidden_states import map_hidden_state_shards
 
-TASKS = {
-    "download": download,
-    "tokenize": tokenize,
-    "generate": generate,
-    "extract": extract,
-    "hidden_states": hidden_states,
-    "train": train,
-    "evaluate": evaluate,
-}
-assert tuple(TASKS) == STAGES, "one task per stage of eaglet.stages, in its order"
+
+def stage_task(stage: str) -> Task:
+    """The Prefect task of `stage`: `tasks/<stage>.py` defines it under the stage's name (one
+    thin task per stage of `eaglet.stages`, nothing to list here)."""
+    return getattr(importlib.import_module(f"tasks.{stage}"), stage)
+
+
+TASKS: dict[str, Task] = {name: stage_task(name) for name in STAGES}
 
 
 def run_name() -> str:

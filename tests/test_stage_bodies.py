@@ -13,7 +13,7 @@ import pytest
 
 from eaglet.config import PipelineConfig
 from eaglet.stages import PRODUCER, STAGE_LIST, STAGES, StageName
-from tests.conftest import small_run_overrides
+from tests.conftest import run_cli, small_run_overrides
 
 RUN_WITHOUT_PREFECT = r"""
 import json, sys
@@ -114,3 +114,88 @@ def test_a_cache_neutral_field_never_changes_a_key_and_a_keyed_one_does():
     threads = base.model_copy(update={"train": base.train.model_copy(update={"threads": 1})})
     assert stage_config("train", threads) == stage_config("train", base)
     assert not is_cache_neutral(type(base.train).model_fields["epochs"])
+
+
+WORD_COUNT_STAGE = """    Stage(
+        name="word_count",
+        output="word_counts",
+        reads=("samples",),
+        files=("word_counts.jsonl",),
+        keyed_by=("datasets",),
+        body="eaglet.stage_bodies.word_count:run",
+    ),
+"""
+
+WORD_COUNT_BODY = '''"""A throwaway stage: the words of each sample's messages."""
+
+import json
+
+from eaglet.stages import SAMPLES_FILE
+from eaglet.storage import StageOutput, stage_dir
+
+
+def run(ctx, config, inputs, folder):
+    rows = 0
+    source = stage_dir(config.work_dir, inputs["samples"]) / SAMPLES_FILE
+    with open(source) as samples, open(folder / "word_counts.jsonl", "w") as out:
+        for line in samples:
+            sample = json.loads(line)
+            words = sum(len(str(m.get("content") or "").split()) for m in sample["messages"])
+            out.write(json.dumps({"sample_id": sample["sample_id"], "words": words}) + "\\n")
+            rows += 1
+    ctx.info(f"word_count: {rows} samples counted")
+    return StageOutput(counts={"records": rows}, info={})
+'''
+
+WORD_COUNT_TASK = '''"""The word_count stage as a Prefect task."""
+
+from tasks.caching import run_stage_task, stage_task
+
+
+@stage_task("word_count")
+def word_count(config, samples: dict, refresh: bool = False) -> dict:
+    return run_stage_task("word_count", config, {"samples": samples}, refresh=refresh)
+'''
+
+
+@pytest.mark.slow
+def test_a_new_stage_is_its_declaration_and_its_own_modules(
+    tmp_path, fixture_model_dir, sample_data_dir
+):
+    """Adding a stage, in a copy of the project: one entry in the stage list, its body and its
+    task, nothing else edited; it runs in the flow, is keyed, and shows in inspect."""
+    from tests.test_pipeline import copy_project, stage_states
+
+    project = copy_project(tmp_path / "project")
+    stages_py = project / "eaglet" / "stages.py"
+    anchor = '        body="eaglet.stage_bodies.download:run",\n    ),\n'
+    assert stages_py.read_text().count(anchor) == 1
+    stages_py.write_text(stages_py.read_text().replace(anchor, anchor + WORD_COUNT_STAGE))
+    (project / "eaglet" / "stage_bodies" / "word_count.py").write_text(WORD_COUNT_BODY)
+    (project / "tasks" / "word_count.py").write_text(WORD_COUNT_TASK)
+
+    work_dir = tmp_path / "work"
+    overrides = small_run_overrides(work_dir, fixture_model_dir, sample_data_dir)
+    args = ["run", "/dev/null", "--until", "word_count"]
+    args += [item for o in overrides for item in ("--set", o)]
+    first = run_cli(args, cwd=project)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert stage_states(work_dir) == {"download": "Completed", "word_count": "Completed"}
+    (downloaded,) = (work_dir / "download").glob("*/manifest.json")
+    samples = json.loads(downloaded.read_text())["counts"]["records"]
+    assert samples > 0
+    (folder,) = (work_dir / "word_count").glob("*/manifest.json")
+    manifest = json.loads(folder.read_text())
+    assert manifest["counts"]["records"] == samples
+    assert "datasets" in manifest["config"]  # keyed by what it declared
+    assert len((folder.parent / "word_counts.jsonl").read_text().splitlines()) == samples
+
+    second = run_cli(args, cwd=project)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert stage_states(work_dir) == {"download": "Cached", "word_count": "Cached"}
+
+    inspected = run_cli(["inspect", str(work_dir), "--json"], cwd=project)
+    assert inspected.returncode == 0, inspected.stderr[-3000:]
+    status = json.loads(inspected.stdout)["stages"]
+    assert list(status)[:2] == ["download", "word_count"]
+    assert status["word_count"]["records"] == samples, status["word_count"]
