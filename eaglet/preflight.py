@@ -306,11 +306,9 @@ def hub_dataset_problem(key: str, path: str, revision: str | None) -> str | None
         )
 
 
-def load_target(config: PipelineConfig, report: PreflightReport) -> None:
-    """The tokenizer and transformers config of the target, into the report; problems name
-    `target.model` and say what is missing."""
-    from eaglet.target import load_config, load_tokenizer
-
+def _locate_target(config: PipelineConfig, report: PreflightReport) -> bool:
+    """Where `target.model` points (a folder with config.json, weights and a tokenizer, or a
+    hub id the hub answers for), into the report; False when the checks end there."""
     model = config.target.model
     path = Path(model)
     if path.exists():
@@ -319,7 +317,7 @@ def load_target(config: PipelineConfig, report: PreflightReport) -> None:
                 f"target.model: {model} is a file; it must name the model's folder (with "
                 "config.json, the tokenizer and the weights)"
             )
-            return
+            return False
         if not (path / "config.json").exists():
             report.problems.append(
                 f"target.model: the folder {model} has no config.json: it is not a "
@@ -334,19 +332,31 @@ def load_target(config: PipelineConfig, report: PreflightReport) -> None:
             "download the model there, or fix target.model"
             + (" (`eaglet demo` builds the demo's model)" if "demo" in model else "")
         )
-        return
+        return False
     else:
         # One quick look at the hub first: transformers' own loading retries a missing network
         # for about a minute before it says so.
         unreachable = hub_lookup_problem(model, config.target.revision)
         if unreachable is not None:
             report.problems.append(unreachable)
-            return
+            return False
     if path.is_dir() and not any((path / name).exists() for name in TOKENIZER_FILES):
         report.problems.append(
             f"target.model: no tokenizer in the folder {model} (none of "
             f"{', '.join(TOKENIZER_FILES)}): copy the model's tokenizer files into it"
         )
+        return False
+    return True
+
+
+def load_target(config: PipelineConfig, report: PreflightReport) -> None:
+    """The tokenizer and transformers config of the target, into the report; problems name
+    `target.model` and say what is missing."""
+    from eaglet.target import load_config, load_tokenizer
+
+    model = config.target.model
+    path = Path(model)
+    if not _locate_target(config, report):
         return
     # The config first: the tokenizer's loading reads it too, and would blame the tokenizer.
     if not (path.exists() and not (path / "config.json").exists()):

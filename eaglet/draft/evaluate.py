@@ -332,6 +332,34 @@ class EvaluationProgress:
         return lambda update: self.step(name, update["tau"])
 
 
+def _check_window(draft_dir: Path, window: int | None, longest: int) -> None:
+    """Refuse a draft whose sliding window the evaluation would exceed (not applied here)."""
+    if window is not None and longest > window:
+        raise ValueError(
+            f"{draft_dir}: the draft attends within a sliding window of {window} tokens, which "
+            f"eaglet's evaluator does not apply, and the evaluation reaches {longest} tokens"
+        )
+
+
+def _greedy_references(
+    model,  # the target (a transformers causal LM)
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    eos: set[int],
+    use_cache: bool,
+    counter: EvaluationProgress,
+) -> list:
+    """The target's plain greedy answer to each prompt, the reference every pass compares to."""
+    references = []
+    for p, prompt in enumerate(prompts):
+        try:
+            references.append(greedy_generate(model, prompt, max_new_tokens, eos, use_cache))
+        except NonFiniteError as exc:
+            raise NonFiniteError(f"held-out prompt {p} of {len(prompts)}: {exc}") from None
+        counter.step("greedy references")
+    return references
+
+
 def evaluate_draft(
     draft_dir: Path,
     target: TargetConfig | Path | str,
@@ -360,25 +388,14 @@ def evaluate_draft(
     passes, their total, the seconds so far and an ETA (`EvaluationProgress`)."""
     apply_threads("evaluate")
     trained, config = load_draft(Path(draft_dir))
-    window = trained.config.sliding_window
     longest = max(len(p) for p in prompts) + max_new_tokens + num_speculative_tokens
-    if window is not None and longest > window:
-        raise ValueError(
-            f"{draft_dir}: the draft attends within a sliding window of {window} tokens, which "
-            f"eaglet's evaluator does not apply, and the evaluation reaches {longest} tokens"
-        )
+    _check_window(draft_dir, trained.config.sliding_window, longest)
     model = load_target(target, device)
     aux_ids = resolve_aux_ids(config, aux_layer_ids, Path(draft_dir) / "config.json")
     eos = set(default_eos_ids(model) if eos_token_ids is None else eos_token_ids)
     passes = 2 + (num_speculative_tokens - 1 if every_k else 0) + (untrained_seed is not None)
     counter = EvaluationProgress(len(prompts) * passes, progress)
-    references = []
-    for p, prompt in enumerate(prompts):
-        try:
-            references.append(greedy_generate(model, prompt, max_new_tokens, eos, use_cache))
-        except NonFiniteError as exc:
-            raise NonFiniteError(f"held-out prompt {p} of {len(prompts)}: {exc}") from None
-        counter.step("greedy references")
+    references = _greedy_references(model, prompts, max_new_tokens, eos, use_cache, counter)
     common = dict(
         target=model, prompts=prompts, references=references, max_new_tokens=max_new_tokens,
         eos=eos, aux_layer_ids=aux_ids, use_cache=use_cache,
