@@ -13,7 +13,7 @@ import pytest
 
 from eaglet.config import PipelineConfig
 from eaglet.stages import PRODUCER, STAGE_LIST, STAGES, StageName
-from tests.conftest import run_cli, small_run_overrides
+from tests.conftest import ROOT, run_cli, small_run_overrides
 
 RUN_WITHOUT_PREFECT = r"""
 import json, sys
@@ -199,3 +199,14 @@ def test_a_new_stage_is_its_declaration_and_its_own_modules(
     status = json.loads(inspected.stdout)["stages"]
     assert list(status)[:2] == ["download", "word_count"]
     assert status["word_count"]["records"] == samples, status["word_count"]
+
+
+def test_the_readmes_pipeline_picture_is_drawn_from_the_stage_list():
+    from eaglet.pipeline_picture import draw
+
+    picture = draw()
+    assert all(f">{stage}</text>" in picture for stage in STAGES)
+    assert (ROOT / "docs" / "pipeline.svg").read_text() == picture, (
+        "docs/pipeline.svg differs from the stage list: python -m eaglet.pipeline_picture "
+        "docs/pipeline.svg"
+    )
