@@ -27,13 +27,13 @@ from tasks.caching import partial_folder, result_storage_path, stage_failure
 from tasks.hidden_states import map_hidden_state_shards
 
 
-def stage_task(stage: str) -> Task:
+def task_of_stage(stage: str) -> Task:
     """The Prefect task of `stage`: `tasks/<stage>.py` defines it under the stage's name (one
     thin task per stage of `eaglet.stages`, nothing to list here)."""
     return getattr(importlib.import_module(f"tasks.{stage}"), stage)
 
 
-TASKS: dict[str, Task] = {name: stage_task(name) for name in STAGES}
+TASKS: dict[str, Task] = {name: task_of_stage(name) for name in STAGES}
 
 
 def run_name() -> str:
