@@ -16,7 +16,13 @@
 - after `FORWARD_AFTER_S`, sends the signal to the children still alive in this process
   group (torchrun, Dask workers): what a signal to the group would have done, for a signal
   sent to this process alone;
-- removes the tracebacks from log records from then on: an interrupt is not an error.
+- removes the tracebacks from log records from then on: an interrupt is not an error;
+- never raises where Python would drop it: a signal that lands while the garbage collector
+  runs a finalizer (`__del__` of an asyncio transport, say) would raise `Interrupted` there,
+  and Python only reports an exception from a finalizer (`sys.unraisablehook`) and carries
+  on. Inside a `__del__` the handler does not raise; the signal is sent to the main thread
+  again every `REDELIVER_S` until the handler raises outside one (finalizers of other kinds,
+  seen by the hook, are redelivered the same way).
 
 A second signal (`DUPLICATE_S` or more after the first: `timeout` sends SIGTERM to the child
 and then to its group, one request) exits at once, the same way as the watchdog.
@@ -45,6 +51,7 @@ GRACE_S = 4.0  # a deferred section (training) has this long to stop by itself
 FORWARD_AFTER_S = 1.0  # then the signal goes to the children still alive in our group
 DUPLICATE_S = 0.3  # a signal this soon after the first is the same request, delivered twice
 KILL_GRACE_S = 2.0  # SIGTERM to the children left at exit, then SIGKILL
+REDELIVER_S = 0.02  # an interrupt the handler could not raise comes again this often
 
 
 class Interrupted(KeyboardInterrupt):
@@ -90,7 +97,8 @@ class _State:
         self.at = 0.0
         self.stage = "start-up"
         self.deferring = 0  # depth of deferred() sections of the main thread
-        self.escalate = False  # the grace timer asks the handler to raise
+        self.pending = False  # the handler must raise at its next delivery (outside a finalizer)
+        self.redelivering = False  # a thread sends the signal again while `pending`
         self.acknowledged = False  # a deferred section saw the request and is stopping
         self.exit: Callable[[int], None] = os._exit
         self.deadline_s = DEADLINE_S
@@ -242,9 +250,12 @@ def _handle(signum: int, frame: object) -> None:
         if state.deferring:
             _start_grace_timer()
             return
-        raise Interrupted(signum, state.stage)
-    if state.escalate:  # the grace timer: the deferred section did not stop in time
-        state.escalate = False
+        state.pending = True
+    if state.pending:  # the first signal, the grace timer's, or one a finalizer would drop
+        if _inside_finalizer(frame):
+            _redeliver()
+            return
+        state.pending = False
         raise Interrupted(state.signum, state.stage)
     if time.monotonic() - state.at < DUPLICATE_S:
         return  # the same request, delivered to the process and then to its group
@@ -295,7 +306,7 @@ def _start_grace_timer() -> None:
     def grace() -> None:
         time.sleep(_state.grace_s)
         if _state.at == started and _state.deferring and not _state.acknowledged:
-            _state.escalate = True  # a real signal: it also wakes a sleeping system call
+            _state.pending = True  # a real signal: it also wakes a sleeping system call
             signal.pthread_kill(threading.main_thread().ident, _state.signum or signal.SIGTERM)
 
     threading.Thread(target=grace, name="eaglet-shutdown-grace", daemon=True).start()
@@ -324,7 +335,44 @@ def _quiet_tracebacks() -> None:
                 handler.addFilter(_NO_TRACEBACK)
     sys.excepthook = _one_line_excepthook
     threading.excepthook = lambda args: None  # a helper thread torn down with the run
-    sys.unraisablehook = lambda unraisable: None
+    sys.unraisablehook = _redeliver_a_dropped_interrupt
+
+
+def _inside_finalizer(frame) -> bool:
+    """The main thread runs a `__del__` (or the hook below): what is raised here is dropped."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__" or frame.f_code is _HOOK_CODE:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _redeliver() -> None:
+    """Send the signal to the main thread again every `REDELIVER_S` while it is pending."""
+    _state.pending = True
+    if _state.redelivering:
+        return
+    _state.redelivering = True
+    main, signum = threading.main_thread().ident, _state.signum or signal.SIGTERM
+
+    def again() -> None:
+        while _state.pending:
+            time.sleep(REDELIVER_S)
+            signal.pthread_kill(main, signum)
+        _state.redelivering = False
+
+    threading.Thread(target=again, name="eaglet-shutdown-redeliver", daemon=True).start()
+
+
+def _redeliver_a_dropped_interrupt(unraisable) -> None:
+    """Python dropped an exception a finalizer raised (a weakref callback, say): when it is our
+    `Interrupted`, it comes again. Anything else a finalizer raised after an interrupt is not
+    reported."""
+    if isinstance(unraisable.exc_value, Interrupted) and _state.signum is not None:
+        _redeliver()
+
+
+_HOOK_CODE = _redeliver_a_dropped_interrupt.__code__
 
 
 def _one_line_excepthook(kind, value, traceback) -> None:

@@ -169,6 +169,7 @@ def run_task(stage: str, config: PipelineConfig, inputs: dict, refresh: bool, re
     )
     shutdown.set_stage(stage)
     try:
+        shutdown.raise_if_requested()  # an interrupt some library swallowed stops the run here
         state = task(config, **inputs, refresh=refresh, return_state=True)
     except shutdown.Interrupted as exc:  # SIGINT/SIGTERM: the task run is marked Crashed
         entry = interrupted_entry(stage, config, inputs, exc, time.time() - started)

@@ -112,6 +112,56 @@ def test_the_first_signal_raises_interrupted_and_finally_blocks_run(tmp_path, si
     assert seconds < 5
 
 
+@pytest.mark.parametrize("finalizer", ["__del__", "weakref callback"])
+def test_an_interrupt_inside_a_finalizer_is_not_dropped(tmp_path, finalizer):
+    """The signal lands while the garbage collector runs a finalizer (CI saw it in an asyncio
+    transport's `__del__`), where Python drops what is raised: the run stops all the same, right
+    after the finalizer, instead of carrying on to its next stage."""
+    process = start(
+        tmp_path,
+        f"""
+        import weakref
+        def finalize(*_):
+            os.kill(os.getpid(), signal.SIGTERM)  # the signal comes while it runs
+            for _ in range(2000):  # Python code: the handler runs in here
+                sum(range(100))
+            (OUT / "finalizer-ended").write_text("yes")
+
+        class Transport:
+            def __del__(self):
+                finalize()
+
+        class Plain:
+            pass
+
+        with shutdown.handling():
+            shutdown.set_stage("tokenize")
+            try:
+                ready()
+                if {finalizer!r} == "__del__":
+                    Transport()  # dropped at once: its finalizer runs here
+                else:
+                    plain = Plain()
+                    ref = weakref.ref(plain, finalize)
+                    del plain
+                for _ in range(200):  # the next stage's work
+                    time.sleep(0.01)
+                (OUT / "carried-on").write_text("yes")
+            except shutdown.Interrupted as exc:
+                print(exc)
+                sys.exit(exc.exit_code)
+        """,
+    )
+    returncode, out, err, seconds = finish(process)
+    assert returncode == 143, err
+    assert "during tokenize" in out
+    if finalizer == "__del__":  # not raised inside it: the finalizer ran to its end
+        assert (tmp_path / "finalizer-ended").exists()
+    assert not (tmp_path / "carried-on").exists()
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert seconds < 5
+
+
 def test_a_deferred_loop_stops_at_its_next_check_after_saving(tmp_path):
     process = start(
         tmp_path,
