@@ -319,7 +319,7 @@ def main() -> None:
         return
     if not (Path(args.target) / "config.json").exists():
         print(f"building the fixture target in {args.target} (minutes) ...", flush=True)
-        build = [sys.executable, "-m", "flows.cli", "fixture-model", args.target]
+        build = [sys.executable, "-m", "eaglet_prefect.flows.cli", "fixture-model", args.target]
         subprocess.run(build, check=True)
     print(f"load average at start: {loadavg()}")
     with tempfile.TemporaryDirectory() as tmp:

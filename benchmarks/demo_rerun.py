@@ -21,7 +21,7 @@ from pathlib import Path
 def timed_demo(work_dir: Path) -> tuple[float, str]:
     started = time.perf_counter()
     result = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "demo", "--work-dir", str(work_dir)],
+        [sys.executable, "-m", "eaglet_prefect.flows.cli", "demo", "--work-dir", str(work_dir)],
         capture_output=True,
         text=True,
         check=False,

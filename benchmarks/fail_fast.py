@@ -84,7 +84,7 @@ def timed(args: list[str], env: dict[str, str], timeout: int = 1200) -> tuple[fl
     started = time.perf_counter()
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "flows.cli", *args],
+            [sys.executable, "-m", "eaglet_prefect.flows.cli", *args],
             cwd=ROOT,
             env=env,
             capture_output=True,

@@ -61,7 +61,7 @@ def build_target(name: str, out: Path, layers: int, fixture: Path | None) -> Pat
         if variant:
             args += ["--vocab-size", str(VOCABULARIES[variant])]
     if not (out / "config.json").exists():
-        subprocess.run([sys.executable, "-m", "flows.cli", *args], check=True)
+        subprocess.run([sys.executable, "-m", "eaglet_prefect.flows.cli", *args], check=True)
     return out
 
 
@@ -69,7 +69,7 @@ def run_stage(config: Path, stage: str, env: dict) -> tuple[float, int, str]:
     """(wall seconds, peak RSS bytes, stdout) of `eaglet run CONFIG --until STAGE`."""
     started = time.monotonic()
     process = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", str(config), "--until", stage],
+        [sys.executable, "-m", "eaglet_prefect.flows.cli", "run", str(config), "--until", stage],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     out = process.stdout.read()

@@ -117,7 +117,15 @@ def timed_run(folder: Path, model: Path, rows: bytes, env: dict[str, str]) -> di
     started = time.monotonic()
     with open(folder / "run.log", "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "run", str(config), "--until", "download"],
+            [
+                sys.executable,
+                "-m",
+                "eaglet_prefect.flows.cli",
+                "run",
+                str(config),
+                "--until",
+                "download",
+            ],
             cwd=ROOT,
             env=env,
             stdout=log,

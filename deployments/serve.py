@@ -17,7 +17,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import DeploymentScheduleCreate
 from prefect.exceptions import ObjectNotFound
 
-from flows.pipeline import pipeline
+from eaglet_prefect.flows.pipeline import pipeline
 
 FLOW_NAME = "eaglet-pipeline"
 

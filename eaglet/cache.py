@@ -2,11 +2,12 @@
 
 key(stage) = hash(the stage's config subset, the upstream manifests' content hashes, the code
 hash of the stage). The code hash covers the source of every module of the project (packages
-`eaglet` and `tasks`) that the stage's task module imports, directly or through others: the
-import closure, computed by parsing the imports (`ast`, function-local and relative imports
-included, with the package `__init__` modules they run), never a hand-kept list. Imports of
-other packages (torch, transformers, site-packages) are not followed. Files are hashed by
-content, never by path, so an edited file changes the key and a moved one does not.
+`eaglet` and `eaglet_prefect.tasks`) that the stage's task module imports, directly or through
+others: the import closure, computed by parsing the imports (`ast`, function-local and relative
+imports included, with the package `__init__` modules they run), never a hand-kept list.
+Imports of other packages (torch, transformers, site-packages) are not followed. Files are
+hashed by content and module name, never by path, so an edited file changes the key and a
+moved one (a clone's `tasks/`, the wheel's `eaglet_prefect/tasks/`) does not.
 
 Left out of every closure: modules whose content never decides what a stage writes
 (`NOT_OUTPUT`): the config (a stage is keyed by its config subset, `stage_config`, instead: a
@@ -33,7 +34,12 @@ from eaglet.stages import STAGE
 from eaglet.storage import Manifest, canonical_json, sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT_PACKAGES = ("eaglet", "tasks")
+# The packages whose source keys a stage, and the folders (under ROOT) each lies in: the tasks
+# are `tasks/` in a clone and `eaglet_prefect/tasks/` where the wheel installed them.
+PROJECT_PACKAGES = {
+    "eaglet": ("eaglet",),
+    "eaglet_prefect.tasks": ("tasks", "eaglet_prefect/tasks"),
+}
 NOT_OUTPUT = frozenset(
     {"eaglet.config", "eaglet.cache", "eaglet.canary", "eaglet.run_report", "eaglet.errors"}
 )
@@ -47,12 +53,15 @@ _FULL_HASH_LIMIT = 256 << 20
 def module_file(module: str, root: Path = ROOT) -> Path | None:
     """The source file of a project module (`pkg/mod.py` or `pkg/mod/__init__.py`), None for
     a name outside the project or one that is not a module (an attribute)."""
-    if module.split(".")[0] not in PROJECT_PACKAGES:
-        return None
-    base = root.joinpath(*module.split("."))
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        if path.is_file():
-            return path
+    for package, folders in PROJECT_PACKAGES.items():
+        if module != package and not module.startswith(package + "."):
+            continue
+        rest = module[len(package) + 1 :].split(".") if module != package else []
+        for folder in folders:
+            base = root.joinpath(folder, *rest)
+            for path in (base.with_suffix(".py"), base / "__init__.py"):
+                if path.is_file():
+                    return path
     return None
 
 
@@ -134,7 +143,7 @@ def stage_modules(stage: str, config: PipelineConfig | None = None) -> tuple[str
     """The modules whose source decides a stage's output: the import closure of its body's
     module (`eaglet.stages`) and of its task module `tasks/<stage>.py`, and for generate that
     of the configured engine."""
-    roots = (STAGE[stage].body.partition(":")[0], f"tasks.{stage}")
+    roots = (STAGE[stage].body.partition(":")[0], f"eaglet_prefect.tasks.{stage}")
     skip: frozenset[str] = frozenset()
     if stage == "generate" and config is not None:
         roots += (engine_spec(config.generation.engine).module,)

@@ -24,7 +24,7 @@ from eaglet.preflight import PreflightError, run_preflight_ahead
 from eaglet.run_report import percent, training_line
 from eaglet.stages import DRAFT_FOLDER, REPORT_FILE, STAGES
 from eaglet.work_dir_status import inspect_work_dir, is_work_dir, show_sample
-from flows.prefect_server import (
+from eaglet_prefect.flows.prefect_server import (
     SERVER_WAIT_S,
     TemporaryPrefectServer,
     profile_api_url,
@@ -60,7 +60,7 @@ def _run_pipeline(
         raise
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.pipeline import pipeline
+    from eaglet_prefect.flows.pipeline import pipeline
 
     if server is not None and PREFECT_API_URL.value():  # a server set elsewhere (prefect.toml)
         server.stop()
@@ -194,7 +194,8 @@ def _doctor_canary(config: PipelineConfig, tokenizer: Any) -> list[str]:
             problems.append(f"datasets[{i}] (source {spec.source!r}): {exc}")
     api_key = None
     if config.generation.api_key_secret:
-        from tasks.generate import secret_api_key  # Prefect blocks live outside the core
+        # Prefect blocks live outside the core
+        from eaglet_prefect.tasks.generate import secret_api_key
 
         try:
             api_key = secret_api_key(config)
@@ -273,7 +274,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from deployments.serve import main as serve
+    from eaglet_prefect.deployments.serve import main as serve
 
     serve()
     return 0

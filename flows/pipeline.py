@@ -23,14 +23,14 @@ from eaglet.run_report import (
 )
 from eaglet.stages import STAGE_LIST, STAGES, StageName
 from eaglet.storage import stage_dir
-from tasks.caching import partial_folder, result_storage_path, stage_failure
-from tasks.hidden_states import map_hidden_state_shards
+from eaglet_prefect.tasks.caching import partial_folder, result_storage_path, stage_failure
+from eaglet_prefect.tasks.hidden_states import map_hidden_state_shards
 
 
 def task_of_stage(stage: str) -> Task:
     """The Prefect task of `stage`: `tasks/<stage>.py` defines it under the stage's name (one
     thin task per stage of `eaglet.stages`, nothing to list here)."""
-    return getattr(importlib.import_module(f"tasks.{stage}"), stage)
+    return getattr(importlib.import_module(f"eaglet_prefect.tasks.{stage}"), stage)
 
 
 TASKS: dict[str, Task] = {name: task_of_stage(name) for name in STAGES}

@@ -31,7 +31,7 @@ from eaglet.run_report import failure_entry, failure_note, read_run_record
 from eaglet.stage_runner import run_stage_body
 from eaglet.stages import upstream_names
 from eaglet.storage import PARTIAL_SUFFIX, Manifest, reusable_stage, stage_folder
-from tasks.context import PrefectContext
+from eaglet_prefect.tasks.context import PrefectContext
 
 
 def upstream_manifests(stage: str, inputs: dict[str, Any]) -> list[Manifest]:

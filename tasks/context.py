@@ -17,7 +17,7 @@ from prefect.artifacts import (
 )
 from prefect.exceptions import ObjectNotFound
 
-from tasks.artifacts import publish_plot
+from eaglet_prefect.tasks.artifacts import publish_plot
 
 
 class PrefectContext:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from eaglet.config import PipelineConfig
-from tasks.caching import run_stage_task, stage_task
+from eaglet_prefect.tasks.caching import run_stage_task, stage_task
 
 
 @stage_task("evaluate")

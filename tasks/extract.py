@@ -4,7 +4,7 @@ the run at the quality gate."""
 from __future__ import annotations
 
 from eaglet.config import PipelineConfig
-from tasks.caching import run_stage_task, stage_task
+from eaglet_prefect.tasks.caching import run_stage_task, stage_task
 
 
 @stage_task("extract")

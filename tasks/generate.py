@@ -7,8 +7,8 @@ from __future__ import annotations
 from eaglet.config import PipelineConfig
 from eaglet.stage_bodies.generate import api_key
 from eaglet.storage import Manifest
-from tasks.caching import run_stage_task, stage_task
-from tasks.context import PrefectContext
+from eaglet_prefect.tasks.caching import run_stage_task, stage_task
+from eaglet_prefect.tasks.context import PrefectContext
 
 
 def secret_api_key(config: PipelineConfig) -> str | None:

@@ -24,7 +24,7 @@ from eaglet.hidden_states.stage import ShardSpec, backend_factory, build_shard, 
 from eaglet.hidden_states.vllm_backend import started_server
 from eaglet.stages import EXAMPLES_FILE
 from eaglet.storage import read_manifest, stage_dir
-from tasks.caching import partial_folder, run_stage_task, stage_task
+from eaglet_prefect.tasks.caching import partial_folder, run_stage_task, stage_task
 
 
 def _examples_path(config: PipelineConfig, examples: dict) -> Path:

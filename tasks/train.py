@@ -4,7 +4,7 @@ lives in the stage's partial folder, so a retry resumes from the last checkpoint
 from __future__ import annotations
 
 from eaglet.config import PipelineConfig
-from tasks.caching import run_stage_task, stage_task
+from eaglet_prefect.tasks.caching import run_stage_task, stage_task
 
 
 @stage_task("train", retries=1)  # resumes from the last checkpoint

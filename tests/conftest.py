@@ -149,9 +149,10 @@ def cli_env(cwd: Path, env: dict[str, str | None] | None = None) -> dict[str, st
 def run_cli(
     args: list[str], cwd: Path = ROOT, env: dict[str, str | None] | None = None, timeout=1500
 ) -> subprocess.CompletedProcess:
-    """Run `python -m flows.cli ARGS` in a fresh process, as a user would from a shell."""
+    """Run `python -m eaglet_prefect.flows.cli ARGS` (the `eaglet` command) in a fresh
+    process, as a user would from a shell."""
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "eaglet_prefect.flows.cli", *args],
         cwd=cwd,
         env=cli_env(cwd, env),
         capture_output=True,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.cli import main
+from eaglet_prefect.flows.cli import main
 from tests.fake_servers import FakeServer, serve
 from tests.test_canary import silent_server
 from tests.test_preflight import make_target

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prefect.utilities.callables import parameter_schema
 
-from flows.pipeline import pipeline
+from eaglet_prefect.flows.pipeline import pipeline
 
 
 def test_every_top_level_parameter_of_the_form_is_described():

@@ -20,7 +20,7 @@ from prefect.settings import (  # noqa: E402
 from eaglet.stage_context import PlainContext  # noqa: E402
 from eaglet.stage_runner import run_stage_body  # noqa: E402
 from eaglet.storage import Manifest, stage_folder  # noqa: E402
-from tasks.hidden_states import map_hidden_state_shards  # noqa: E402
+from eaglet_prefect.tasks.hidden_states import map_hidden_state_shards  # noqa: E402
 from tests.conftest import SharedPrefectServer  # noqa: E402
 from tests.hidden_states_helpers import config_for, tiny_target, write_examples  # noqa: E402
 

@@ -57,7 +57,7 @@ def test_demo_runs_every_stage_then_reruns_fully_cached(tmp_path):
 
 
 def copy_project(destination: Path) -> Path:
-    for part in ("eaglet", "tasks", "flows"):
+    for part in ("eaglet", "eaglet_prefect", "tasks", "flows"):
         shutil.copytree(
             ROOT / part, destination / part, ignore=shutil.ignore_patterns("__pycache__")
         )
@@ -124,7 +124,7 @@ def test_quality_gate_failure_names_samples_and_keeps_generation(
 FLOW_UNTIL_DOWNLOAD = """
 import sys
 from eaglet.config import load_config
-from flows.pipeline import pipeline
+from eaglet_prefect.flows.pipeline import pipeline
 state = pipeline(config=load_config(None, sys.argv[2:]), until="download", return_state=True)
 print("FLOW_RUN", state.state_details.flow_run_id, state.type.value, flush=True)
 """

@@ -119,7 +119,7 @@ def served(tmp_path_factory):
 
         _wait_for(healthy, 90, "the Prefect server")
         runner = _start(
-            [sys.executable, "-m", "flows.cli", "serve"],
+            [sys.executable, "-m", "eaglet_prefect.flows.cli", "serve"],
             {**env, "PYTHONPATH": str(project)},
             home / "serve.log",
             cwd=project,

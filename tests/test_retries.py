@@ -117,7 +117,7 @@ from prefect import flow
 from eaglet.canary import CanaryError
 from eaglet.config import load_config
 from eaglet.generation import GenerationSummary, TooManyFailuresError
-from tasks.caching import stage_task
+from eaglet_prefect.tasks.caching import stage_task
 
 calls = {}
 config = load_config(None, [f"work_dir={sys.argv[1]}"])

@@ -39,7 +39,9 @@ def test_a_schedule_added_in_the_ui_survives_a_serve_restart(tmp_path):
         return next((d for d in found if d["name"] == "pipeline"), None)
 
     def serve(log: str):
-        process = _start([sys.executable, "-m", "flows.cli", "serve"], env, tmp_path / log)
+        process = _start(
+            [sys.executable, "-m", "eaglet_prefect.flows.cli", "serve"], env, tmp_path / log
+        )
         return process, _wait_for(deployment, 180, "the served deployment")
 
     try:

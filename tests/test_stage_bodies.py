@@ -88,7 +88,7 @@ def test_each_stage_reads_only_outputs_of_earlier_stages():
 
 
 def test_the_flow_the_cli_and_the_form_take_the_stages_from_the_declarations():
-    from flows.pipeline import TASKS, pipeline
+    from eaglet_prefect.flows.pipeline import TASKS, pipeline
 
     assert tuple(TASKS) == STAGES
     assert all(TASKS[name].name == name for name in STAGES)
@@ -149,7 +149,7 @@ def run(ctx, config, inputs, folder):
 
 WORD_COUNT_TASK = '''"""The word_count stage as a Prefect task."""
 
-from tasks.caching import run_stage_task, stage_task
+from eaglet_prefect.tasks.caching import run_stage_task, stage_task
 
 
 @stage_task("word_count")

@@ -93,7 +93,10 @@ def test_stage_key_changes_with_config_of_the_stage_only(tmp_path):
     assert cache.stage_key("generate", faster, []) == cache.stage_key("generate", base, [])
 
 
-def test_closure_follows_local_relative_and_package_imports_but_not_site_packages(tmp_path):
+@pytest.mark.parametrize("tasks_folder", ["tasks", "eaglet_prefect/tasks"])  # clone, wheel
+def test_closure_follows_local_relative_and_package_imports_but_not_site_packages(
+    tmp_path, tasks_folder
+):
     files = {
         "eaglet/__init__.py": "",
         "eaglet/config.py": "import eaglet.never  # not followed: config is keyed by its subset\n",
@@ -103,21 +106,22 @@ def test_closure_follows_local_relative_and_package_imports_but_not_site_package
         "eaglet/sub/leaf.py": "VALUE = 1\n",
         "eaglet/lazy.py": "def run():\n    from eaglet.sub import helper\n    return helper\n",
         "eaglet/unused.py": "",
-        "tasks/__init__.py": "",
-        "tasks/probe.py": "import torch\nfrom eaglet import lazy\nfrom eaglet.config import X\n",
+        f"{tasks_folder}/__init__.py": "",
+        f"{tasks_folder}/probe.py": "import torch\nfrom eaglet import lazy\n"
+        "from eaglet.config import X\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    closure = cache.import_closure(("tasks.probe",), root=tmp_path)
+    closure = cache.import_closure(("eaglet_prefect.tasks.probe",), root=tmp_path)
     assert closure == (
         "eaglet",
         "eaglet.lazy",
         "eaglet.sub",
         "eaglet.sub.helper",
         "eaglet.sub.leaf",
-        "tasks",
-        "tasks.probe",
+        "eaglet_prefect.tasks",
+        "eaglet_prefect.tasks.probe",
     )
 
 
@@ -209,7 +213,7 @@ def test_editing_a_module_rekeys_exactly_its_stage_and_the_ones_after(tmp_path):
     for index, stage in enumerate(STAGES):
         earlier = set().union(*(closures[s] for s in STAGES[:index]))
         own = sorted(m for m in closures[stage] if m not in earlier)
-        module = next((m for m in own if m.startswith("eaglet.")), f"tasks.{stage}")
+        module = next((m for m in own if m.startswith("eaglet.")), f"eaglet_prefect.tasks.{stage}")
         changed = edit_and_diff(module)
         expected = {f"{e}:{s}" for e in ("local", "vllm") for s in STAGES[index:]}
         assert changed == expected, (stage, module)

@@ -25,14 +25,15 @@ TEMPORARY_SUFFIXES = (".partial", ".tmp", ".temp")
 
 
 def start_run(args: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None):
-    """`python -m flows.cli ARGS` in its own session (so the whole group can be killed), with
-    a fresh marker; stdout and stderr go to `log`. Returns (process, marker)."""
+    """`python -m eaglet_prefect.flows.cli ARGS` (`eaglet ARGS`) in its own session (so the
+    whole group can be killed), with a fresh marker; stdout and stderr go to `log`. Returns
+    (process, marker)."""
     marker = uuid.uuid4().hex
     threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     full_env = cli_env(cwd, {**threads, **(env or {}), MARKER: marker})
     handle = open(log, "ab")
     process = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "eaglet_prefect.flows.cli", *args],
         cwd=cwd,
         env=full_env,
         stdout=handle,

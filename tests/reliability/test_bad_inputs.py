@@ -389,7 +389,7 @@ def test_row_parser_fuzz_gives_text_messages_or_a_dataset_error(row):
     ],
 )
 def test_bad_set_value_exits_2_naming_it_without_traceback(override, tmp_path, capsys):
-    from flows.cli import main
+    from eaglet_prefect.flows.cli import main
 
     config = tmp_path / "run.yaml"
     config.write_text(f"work_dir: {tmp_path / 'work'}\n")
@@ -515,7 +515,7 @@ def test_same_size_other_content_is_found_by_its_sha256(tmp_path, monkeypatch):
 
 
 def test_inspect_shows_corrupt_stages_and_an_absolute_path(tmp_path, capsys):
-    from flows.cli import main
+    from eaglet_prefect.flows.cli import main
 
     work_dir = tmp_path / "work"
     finished_stage(work_dir, "download", "d1")
@@ -536,7 +536,7 @@ def test_inspect_shows_corrupt_stages_and_an_absolute_path(tmp_path, capsys):
 
 
 def test_inspect_verify_hashes_what_sizes_cannot_see(tmp_path, capsys):
-    from flows.cli import main
+    from eaglet_prefect.flows.cli import main
 
     work_dir = tmp_path / "work"
     folder = finished_stage(work_dir, "download", "d1")
@@ -548,7 +548,7 @@ def test_inspect_verify_hashes_what_sizes_cannot_see(tmp_path, capsys):
 
 
 def test_inspect_refuses_a_folder_that_is_not_a_work_dir_and_an_empty_sample(tmp_path, capsys):
-    from flows.cli import main
+    from eaglet_prefect.flows.cli import main
 
     (tmp_path / "notes.txt").write_text("not a work dir")
     assert main(["inspect", str(tmp_path)]) == 2
@@ -560,7 +560,7 @@ def test_inspect_refuses_a_folder_that_is_not_a_work_dir_and_an_empty_sample(tmp
 
 
 def test_inspect_shows_the_folder_the_run_used_not_a_newer_stray_partial(tmp_path, capsys):
-    from flows.cli import main
+    from eaglet_prefect.flows.cli import main
 
     work_dir = tmp_path / "work"
     finished_stage(work_dir, "generate", "g1")
@@ -593,7 +593,7 @@ def test_a_failed_run_says_finished_stages_are_kept_only_when_one_finished(tmp_p
     import argparse
     import time
 
-    from flows.cli import _after_failure
+    from eaglet_prefect.flows.cli import _after_failure
 
     config = load_config(None, [f"work_dir={tmp_path}"])
     args = argparse.Namespace(loaded_config=config, run_started=time.time() - 5)

@@ -48,7 +48,15 @@ def test_kill_9_of_eaglet_run_takes_the_temporary_prefect_server_with_it(
     env.update({MARKER: marker, "PREFECT_HOME": str(tmp_path / "prefect"), "OMP_NUM_THREADS": "1"})
     log = open(tmp_path / "run.log", "wb")
     run = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", str(config), "--until", "download"],
+        [
+            sys.executable,
+            "-m",
+            "eaglet_prefect.flows.cli",
+            "run",
+            str(config),
+            "--until",
+            "download",
+        ],
         cwd=ROOT,
         env=env,
         stdout=log,

@@ -17,7 +17,7 @@ import pytest
 
 from eaglet.stages import STAGES
 from eaglet.work_dir_lock import LOCK_FILE
-from flows.cli import WORK_DIR_LOCKED_EXIT
+from eaglet_prefect.flows.cli import WORK_DIR_LOCKED_EXIT
 from tests.conftest import cli_env, run_cli
 from tests.reliability.conftest import (
     kill_group,
@@ -98,7 +98,7 @@ FLOW_RUN = textwrap.dedent(
     """
     import sys
     from eaglet.config import load_config
-    from flows.pipeline import pipeline
+    from eaglet_prefect.flows.pipeline import pipeline
     state = pipeline(config=load_config(None, ["work_dir=" + sys.argv[1]]), return_state=True)
     print("STATE", state.type.value, state.message, flush=True)
     """
