@@ -216,7 +216,8 @@ def keyed_fields(model: BaseModel) -> dict[str, Any]:
 
 def keyed_value(config: PipelineConfig, path: str) -> Any:
     """The value a stage key holds for the dotted config path `path` (`eaglet.stages`): model
-    folders and local dataset files by content, config sections by their keyed fields."""
+    folders (the target, train.init_from's draft) and local dataset files by content, config
+    sections by their keyed fields."""
     if path == "target.model":
         return model_fingerprint(config.target.model, config.target.revision)
     if path == "datasets":
@@ -224,6 +225,11 @@ def keyed_value(config: PipelineConfig, path: str) -> Any:
             {**d.model_dump(exclude={"path"}), "content": file_fingerprint(d.path)}
             for d in config.datasets
         ]
+    if path == "train" and config.train.init_from:  # the draft it starts from, by content
+        return {
+            **keyed_fields(config.train),
+            "init_from": model_fingerprint(config.train.init_from),
+        }
     value: Any = config
     for name in path.split("."):
         value = getattr(value, name)

@@ -443,6 +443,21 @@ class TrainConfig(_Strict):
     intermediate_size: int | None = Field(
         None, ge=1, description="Draft MLP width; None = the target's, as published drafts do."
     )
+    init_from: str | None = Field(
+        None,
+        description="A trained draft to start from (fine-tuning a published one): a folder "
+        "with config.json and model.safetensors in eaglet's, vLLM/EAGLE-3's, SpecForge's or "
+        "speculators' format. Its shape, variants, vocabulary and weights are kept; it must "
+        "read this target's hidden size, vocabulary and hidden_states.aux_layer_ids (checked "
+        "before the first stage). None = a fresh draft.",
+    )
+    init_from_layer_convention: Literal["auto", "vllm", "sglang"] = Field(
+        "auto",
+        description="The convention of the starting draft's layer ids when its config does "
+        "not say (a vLLM or SpecForge checkpoint that names ids): vllm = HF hidden_states "
+        "indices, sglang = outputs of layer i (one less). auto: eaglet's label, speculators' "
+        "format, or EAGLE-3's default when it names none; otherwise the run is refused.",
+    )
     lm_head_init: Literal["random", "target"] = Field(
         "random",
         description="Initial draft lm_head: random, or the target's lm_head rows of the draft "

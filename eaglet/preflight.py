@@ -12,6 +12,8 @@ checks, each finding naming the config key or the file and what to do:
   (a cut download is found here, not at hidden_states), shards of an index exist;
 - `hidden_states.aux_layer_ids` against the target's layer count (a 4-layer target's
   defaults collide: [2, 2, 1]);
+- `train.init_from`: the starting draft reads this target (hidden size, vocabulary) and the
+  layers this run extracts (`eaglet.draft.init_from`), and the train settings it overrides;
 - the tokenizer against the target's vocabulary, and `train.draft_vocab_size`;
 - `tokenize.chat_template_kwargs`: the template renders a prompt with them, and reads every
   key (a misspelt `enable_thinkng` is otherwise silently ignored); `reasoning.format` fits;
@@ -408,6 +410,43 @@ def check_layers(config: PipelineConfig, model_config: Any, report: PreflightRep
     report.passed.append(f"hidden_states.aux_layer_ids {ids} fit the {layers}-layer target")
 
 
+def check_init_from(config: PipelineConfig, model_config: Any, report: PreflightReport) -> None:
+    from eaglet.draft.init_from import (
+        StartingDraftError,
+        problems,
+        read_starting_draft,
+        unused_settings,
+    )
+    from eaglet.draft.target_head import head_config
+    from eaglet.hidden_states.layers import resolve_aux_layer_ids
+
+    train = config.train
+    if not train.init_from:
+        return
+    try:
+        target = head_config(model_config)
+        start = read_starting_draft(
+            train.init_from, train.init_from_layer_convention, target["num_hidden_layers"]
+        )
+        ids = resolve_aux_layer_ids(config.hidden_states.aux_layer_ids, target["num_hidden_layers"])
+    except (StartingDraftError, ValueError, AttributeError) as exc:
+        report.problems.append(str(exc) if "init_from" in str(exc) else f"train.init_from: {exc}")
+        return
+    found = problems(start, target, ids)
+    report.problems.extend(found)
+    if found:
+        return
+    unused = unused_settings(start, train)
+    if unused:
+        report.warnings.append(
+            f"train.init_from brings its own shape and vocabulary; not used: {', '.join(unused)}"
+        )
+    report.passed.append(
+        f"train.init_from {start.folder} ({start.format} format) reads this target at layers "
+        f"{start.aux_layer_ids}, draft vocab {start.config.draft_vocab_size}"
+    )
+
+
 def check_vocab(
     config: PipelineConfig, model_config: Any, tokenizer: Any, report: PreflightReport
 ) -> None:
@@ -697,6 +736,7 @@ def preflight(config: PipelineConfig) -> PreflightReport:
     if model_config is not None:
         check_layers(config, model_config, report)
         check_lengths(config, model_config, report)
+        check_init_from(config, model_config, report)
     if tokenizer is not None:
         check_template(config, tokenizer, report)
         if model_config is not None:

@@ -36,13 +36,14 @@ import torch.distributed as dist
 from eaglet.config import TargetConfig, TrainConfig
 from eaglet.cpu_threads import apply_threads
 from eaglet.draft.checkpoint import load_training_state, save_draft, save_training_state
+from eaglet.draft.init_from import load_starting_draft, read_starting_draft
 from eaglet.draft.model import Eagle3Config, Eagle3Draft
 from eaglet.draft.optimizer import make_optimizer
 from eaglet.draft.schedule import warmup_cosine
 from eaglet.draft.target_head import TargetHead, load_target_head
 from eaglet.draft.train_data import HiddenStatesData, epoch_order, first_sample, load_pieces, plan
 from eaglet.draft.ttt_loss import counted_positions, target_probs, ttt_loss, ttt_start, ttt_unroll
-from eaglet.draft.vocab import DraftVocab, build_draft_vocab
+from eaglet.draft.vocab import DraftVocab, build_draft_vocab, vocab_over
 from eaglet.errors import NonFiniteError
 from eaglet.storage import atomic_folder
 from eaglet.target import resolve_device
@@ -210,9 +211,12 @@ def start_vocab(
     resuming: bool,
     rank: int,
     world: int,
+    brought: DraftVocab | None = None,
 ) -> DraftVocab:
     """The draft vocab, computed once: a resumed run reuses the saved one; a fresh run counts
-    the data's tokens, once rank 0 has cleared an old state, best draft and metrics."""
+    the data's tokens, once rank 0 has cleared an old state, best draft and metrics, and picks
+    the most frequent (or keeps the vocab a starting draft `brought`, its coverage measured on
+    this data)."""
     _barrier(world)  # every process has looked before rank 0 clears an old state
     if resuming:
         return DraftVocab.load(out_dir / "state" / "vocab.json")
@@ -220,7 +224,10 @@ def start_vocab(
         shutil.rmtree(out_dir / "state", ignore_errors=True)
         shutil.rmtree(out_dir / "best", ignore_errors=True)
         (out_dir / "metrics.jsonl").unlink(missing_ok=True)
-    return build_draft_vocab(data.token_counts(head.config["vocab_size"]), config.draft_vocab_size)
+    counts = data.token_counts(head.config["vocab_size"])
+    if brought is not None:
+        return vocab_over(brought.ids, counts)
+    return build_draft_vocab(counts, config.draft_vocab_size)
 
 
 def draft_config(target: TargetHead, config: TrainConfig, draft_vocab_size: int) -> Eagle3Config:
@@ -244,11 +251,17 @@ def draft_config(target: TargetHead, config: TrainConfig, draft_vocab_size: int)
 
 
 def build_draft(
-    head: TargetHead, config: TrainConfig, vocab: DraftVocab, device: torch.device
+    head: TargetHead,
+    config: TrainConfig,
+    vocab: DraftVocab,
+    device: torch.device,
+    start: Eagle3Draft | None = None,
 ) -> Eagle3Draft:
-    """A fresh draft on `device`; with train.lm_head_init=target its lm_head starts as the
-    target's rows of the draft vocab."""
+    """A fresh draft on `device` (or the starting draft of train.init_from, as it came); with
+    train.lm_head_init=target its lm_head starts as the target's rows of the draft vocab."""
     torch.manual_seed(config.seed)  # the same initial weights in every process
+    if start is not None:
+        return start.to(device)
     draft = Eagle3Draft(draft_config(head, config, vocab.size))
     draft.set_vocab(vocab.d2t, vocab.t2d)
     if config.lm_head_init == "target":
@@ -256,6 +269,24 @@ def build_draft(
             draft.lm_head.weight.copy_(head.lm_head[vocab.ids])
     draft.to(device)
     return draft
+
+
+def starting_draft(
+    config: TrainConfig, head: TargetHead, aux_layer_ids: list[int]
+) -> tuple[Eagle3Draft | None, DraftVocab | None]:
+    """train.init_from's draft and vocab, checked against the target and the run's layer ids
+    (`eaglet.draft.init_from`); (None, None) for a fresh draft."""
+    if not config.init_from:
+        return None, None
+    start = read_starting_draft(
+        config.init_from, config.init_from_layer_convention, head.config["num_hidden_layers"]
+    )
+    draft, vocab = load_starting_draft(start, head.config, aux_layer_ids)
+    log.info(
+        "starting from %s (%s format, layers %s, draft vocab %d)",
+        start.folder, start.format, start.aux_layer_ids, vocab.size,
+    )  # fmt: skip
+    return draft, vocab
 
 
 def resume_from(
@@ -325,8 +356,9 @@ def setup(
     steps_per_epoch, total_steps, stop_at, fingerprint = count_steps(data, config)
     head = load_checked_head(target, data)
     resuming = resume and (out_dir / "state" / "state.json").exists()
-    vocab = start_vocab(data, head, config, out_dir, resuming, rank, world)
-    draft = build_draft(head, config, vocab, device)
+    start, brought = starting_draft(config, head, aux_layer_ids) if not resuming else (None, None)
+    vocab = start_vocab(data, head, config, out_dir, resuming, rank, world, brought)
+    draft = build_draft(head, config, vocab, device, start)
     optimizer = make_optimizer(draft, config.optimizer, config.lr)
     step, heldout_losses = 0, []
     if resuming:

@@ -86,10 +86,16 @@ def build_draft_vocab(counts: torch.Tensor, size: int) -> DraftVocab:
     n = min(size, distinct)
     order = torch.sort(-counts, stable=True).indices  # most frequent first, lower id on ties
     chosen = torch.sort(order[:n]).values  # ascending target ids
+    return vocab_over(chosen, counts)
+
+
+def vocab_over(token_ids: torch.Tensor, counts: torch.Tensor) -> DraftVocab:
+    """The draft vocab of `token_ids` (ascending target ids), its coverage measured on
+    `counts` ([V]): a chosen vocabulary, or one a starting draft brings."""
     total = int(counts.sum())
     return DraftVocab(
-        token_ids=tuple(chosen.tolist()),
+        token_ids=tuple(token_ids.tolist()),
         target_vocab_size=len(counts),
-        coverage=float(counts[chosen].sum()) / total,
+        coverage=float(counts[token_ids].sum()) / max(total, 1),
         counted_tokens=total,
     )

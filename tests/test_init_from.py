@@ -1,0 +1,206 @@
+"""`train.init_from`: training continues from a draft someone already trained, read from any of
+the formats users fine-tune (eaglet's three exports, speculators', a vLLM/EAGLE-3 or SpecForge
+checkpoint), and a draft that does not fit the target or the run is refused naming why.
+
+The target and its feature shards are tests/test_train_eval.py's (a tiny Qwen3 whose greedy
+continuation a draft learns in seconds). The speculators draft is written in the format
+speculators 0.9.0's trainer writes (its config keys as recorded from a real run in
+tests/test_draft_variants.py, bf16 weights, a frozen copy of the target's embeddings): no
+speculators install is needed to read it.
+"""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig
+
+from eaglet.cache import stage_key
+from eaglet.config import PipelineConfig, TargetConfig, load_config
+from eaglet.draft.checkpoint import load_draft
+from eaglet.draft.export import SGLANG_FOLDER, SPECULATORS_FOLDER, write_exports
+from eaglet.draft.init_from import StartingDraftError, read_starting_draft
+from eaglet.draft.train import train_draft
+from eaglet.preflight import PreflightReport, check_init_from
+from tests.test_train_eval import (  # noqa: F401  (fixtures)
+    AUX_IDS,
+    CONVENTION,
+    HIDDEN,
+    VOCAB,
+    make_target,
+    one_thread,
+    settings,
+    world,
+)
+
+
+@pytest.fixture(scope="module")
+def base(world):  # noqa: F811
+    """A draft trained from scratch on the world's shards, and its three exports."""
+    summary = train_draft(
+        world / "hs", world / "target", world / "base", settings(epochs=6), AUX_IDS, CONVENTION
+    )
+    exports = write_exports(world / "base" / "draft", TargetConfig(model=str(world / "target")), 3)
+    assert set(exports) == {"vllm", "sglang", "speculators"}
+    return summary
+
+
+def fine_tune(world, out, folder, **overrides):  # noqa: F811
+    config = settings(epochs=1, init_from=str(folder), **overrides)
+    return train_draft(world / "hs", world / "target", out, config, AUX_IDS, CONVENTION)
+
+
+@pytest.mark.parametrize("export", ["draft", SGLANG_FOLDER, SPECULATORS_FOLDER])
+def test_training_continues_from_each_of_eaglets_exports(world, base, tmp_path, export):  # noqa: F811
+    fresh = train_draft(
+        world / "hs", world / "target", tmp_path / "fresh", settings(epochs=1), AUX_IDS, CONVENTION
+    )
+    tuned = fine_tune(world, tmp_path / "tuned", world / "base" / export)
+    # It starts where the base draft ended, far below a fresh draft's first loss.
+    assert tuned["initial_loss"] < 0.5 * fresh["initial_loss"], (tuned, fresh)
+    assert tuned["initial_loss"] < 2 * base["final_loss"] + 0.5, (tuned, base)
+    # Its vocabulary, shape and layer ids are the base draft's, whatever the export's spelling.
+    start, _ = load_draft(world / "base" / "draft")
+    after, config = load_draft(tmp_path / "tuned" / "draft")
+    assert torch.equal(after.d2t, start.d2t) and torch.equal(after.t2d, start.t2d)
+    assert config["eagle_aux_hidden_state_layer_ids"] == AUX_IDS
+    assert config["draft_vocab_size"] == start.config.draft_vocab_size
+    # and it trained on: the weights moved.
+    moved = load_file(str(tmp_path / "tuned" / "draft" / "model.safetensors"))
+    assert not torch.equal(moved["fc.weight"], start.fc.weight.detach())
+
+
+def speculators_trainer_folder(world, folder):  # noqa: F811
+    """The base draft as speculators' trainer saves one: `layers.0.*`, bf16, a frozen copy of
+    the embeddings, its own config keys and no eaglet label."""
+    draft, config = load_draft(world / "base" / "draft")
+    tensors = {
+        k.replace("midlayer.", "layers.0."): v.to(torch.bfloat16) if v.is_floating_point() else v
+        for k, v in draft.state_dict().items()
+    }
+    tensors["embed_tokens.weight"] = torch.randn(VOCAB, HIDDEN).to(torch.bfloat16)
+    keys = (
+        "head_dim", "hidden_size", "intermediate_size", "max_position_embeddings",
+        "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "vocab_size",
+    )  # fmt: skip
+    layer = {k: config[k] for k in keys}
+    speculators = {
+        "architectures": ["Eagle3DraftModel"],
+        "draft_vocab_size": config["draft_vocab_size"],
+        "dtype": "bfloat16",
+        "eagle_aux_hidden_state_layer_ids": AUX_IDS,
+        "embed_requires_grad": False,
+        "norm_before_fc": False,
+        "norm_before_residual": False,
+        "norm_output": False,
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.9.0",
+        "target_hidden_size": None,
+        "transformer_layer_config": {**layer, "model_type": "llama", "rope_theta": 10000.0},
+    }
+    folder.mkdir()
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(speculators))
+    return folder
+
+
+def test_a_draft_in_speculators_trainers_format_continues_training(world, base, tmp_path):  # noqa: F811
+    folder = speculators_trainer_folder(world, tmp_path / "speculators-ckpt")
+    start = read_starting_draft(folder)
+    assert start.format == "speculators" and start.aux_layer_ids == AUX_IDS
+    tuned = fine_tune(world, tmp_path / "tuned", folder)
+    assert tuned["initial_loss"] < 2 * base["final_loss"] + 0.5, (tuned, base)
+
+
+def vllm_checkpoint(world, folder, ids=None):  # noqa: F811
+    """The base draft as a peer's vLLM/EAGLE-3 or SpecForge checkpoint: no eaglet label."""
+    shutil.copytree(world / "base" / "draft", folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("eaglet")
+    for where in (config, config["eagle_config"]):
+        where.pop("eagle_aux_hidden_state_layer_ids")
+        if ids is not None:
+            where["eagle_aux_hidden_state_layer_ids"] = ids
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_peers_checkpoint_needs_its_layer_convention_said_when_it_names_ids(
+    world,  # noqa: F811
+    base,
+    tmp_path,
+):
+    sglang_ids = [i - 1 for i in AUX_IDS]  # as a SpecForge config names AUX_IDS
+    folder = vllm_checkpoint(world, tmp_path / "specforge", ids=sglang_ids)
+    with pytest.raises(StartingDraftError, match="train.init_from_layer_convention"):
+        read_starting_draft(folder)
+    assert read_starting_draft(folder, "sglang").aux_layer_ids == AUX_IDS
+    assert read_starting_draft(folder, "vllm").aux_layer_ids == sglang_ids
+    tuned = fine_tune(world, tmp_path / "tuned", folder, init_from_layer_convention="sglang")
+    assert tuned["initial_loss"] < 2 * base["final_loss"] + 0.5
+    # Read the other way, it was trained on other layers than this run extracts: refused.
+    with pytest.raises(StartingDraftError, match=r"hidden_states.aux_layer_ids: \[0, 2, 4\]"):
+        fine_tune(world, tmp_path / "wrong", folder, init_from_layer_convention="vllm")
+
+
+def test_a_checkpoint_naming_no_ids_takes_eagle3s_default(world, base, tmp_path):  # noqa: F811
+    folder = vllm_checkpoint(world, tmp_path / "eagle", ids=None)
+    start = read_starting_draft(folder, num_layers=6)
+    assert start.aux_layer_ids == [2, 3, 3]  # (2, N//2, N-3) for the 6-layer target
+    assert "default" in start.ids_said
+
+
+def test_a_draft_of_another_target_is_refused_before_training(world, base, tmp_path):  # noqa: F811
+    other = tmp_path / "other-target"
+    make_target(other)
+    config = json.loads((other / "config.json").read_text())
+    config["vocab_size"] = VOCAB + 10
+    (other / "config.json").write_text(json.dumps(config))
+    report = PreflightReport()
+    pipeline = PipelineConfig(
+        target=TargetConfig(model=str(other)),
+        train=settings(init_from=str(world / "base" / "draft")),
+        hidden_states={"aux_layer_ids": AUX_IDS},
+    )
+    check_init_from(pipeline, AutoConfig.from_pretrained(other), report)
+    assert any("vocab_size is 300, the target's 310" in p for p in report.problems), report
+
+    # The world's own target fits; the settings the draft overrides are named.
+    report = PreflightReport()
+    pipeline = pipeline.model_copy(update={"target": TargetConfig(model=str(world / "target"))})
+    check_init_from(pipeline, AutoConfig.from_pretrained(world / "target"), report)
+    assert not report.problems and any("train.init_from" in p for p in report.passed), report
+    assert not report.warnings  # settings() match the base draft's
+
+    # Other layers than the draft's: refused, naming the setting to change.
+    report = PreflightReport()
+    moved = PipelineConfig.model_validate(
+        {**pipeline.model_dump(), "hidden_states": {"aux_layer_ids": [1, 2, 5]}}
+    )
+    check_init_from(moved, AutoConfig.from_pretrained(world / "target"), report)
+    assert report.problems == [
+        f"train.init_from {world / 'base' / 'draft'}: the draft was trained on target layers "
+        f"{AUX_IDS} (vLLM's convention, from eaglet's label); this run extracts [1, 2, 5]: set "
+        f"hidden_states.aux_layer_ids: {AUX_IDS}"
+    ]
+
+
+def test_the_train_key_holds_the_starting_drafts_content(world, base, tmp_path):  # noqa: F811
+    folder = tmp_path / "start"
+    shutil.copytree(world / "base" / "draft", folder)
+    same = tmp_path / "same-elsewhere"
+    shutil.copytree(world / "base" / "draft", same)
+
+    def key(init_from):
+        overrides = [f"work_dir={tmp_path / 'work'}", f"target.model={world / 'target'}"]
+        if init_from:
+            overrides.append(f"train.init_from={init_from}")
+        return stage_key("train", load_config(None, overrides), [])
+
+    assert key(folder) != key(None)
+    assert key(folder) == key(same)  # by content, not by path
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5}))
+    assert key(folder) != key(same)
