@@ -225,6 +225,10 @@ def keyed_value(config: PipelineConfig, path: str) -> Any:
             {**d.model_dump(exclude={"path"}), "content": file_fingerprint(d.path)}
             for d in config.datasets
         ]
+    if path == "target.dtype":  # what `auto` picks on this machine
+        from eaglet.target import target_dtype
+
+        return target_dtype(config.target)
     if path == "train" and config.train.init_from:  # the draft it starts from, by content
         return {
             **keyed_fields(config.train),

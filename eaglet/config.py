@@ -83,8 +83,12 @@ class TargetConfig(_Strict):
         False, description="Allow the model's own Python code to run. Only for models you trust."
     )
     revision: str | None = Field(None, description="Hub revision to pin (hub ids only).")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Dtype the embedded engine and feature extraction load the model in."
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="Dtype the embedded engine, feature extraction, training and the vLLM "
+        "servers eaglet starts load the target in. auto = bfloat16 on a CUDA GPU that computes "
+        "in it (float16 on one that does not), float32 on the CPU (most CPUs emulate "
+        "bfloat16). Stage keys hold the dtype auto picked.",
     )
     device: str = Field(
         "auto",

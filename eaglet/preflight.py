@@ -709,7 +709,9 @@ def check_devices(
         "this CPU has no bfloat16 units (no avx512_bf16 or amx_bf16 among its flags): torch "
         "emulates bfloat16 on it, often a hundred times slower than float32"
     )
-    dtype = config.target.dtype
+    from eaglet.target import target_dtype
+
+    dtype = target_dtype(config.target)  # what auto picks never warns
     if on_cpu["target.device"] and dtype == "bfloat16" and bf16_units is False:
         report.warnings.append(f"target.dtype=bfloat16 on the CPU: {slow_bf16}; use float32")
     if on_cpu["target.device"] and dtype == "float16":

@@ -27,6 +27,18 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def target_dtype(target: TargetConfig) -> str:
+    """The dtype the target is loaded in: `target.dtype`, or what `auto` picks for the device
+    (`target.device`): bfloat16 on a CUDA GPU with bfloat16 arithmetic, float16 on an older
+    one, float32 on the CPU, where most processors emulate bfloat16 (a hundred times slower,
+    eaglet/preflight.py) and float16's range overflows."""
+    if target.dtype != "auto":
+        return target.dtype
+    if resolve_device(target.device).startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "float32"
+
+
 def load_tokenizer(target: TargetConfig):
     from transformers import AutoTokenizer
 
@@ -63,14 +75,14 @@ def load_config(target: TargetConfig):
 
 
 def load_model(target: TargetConfig, device: str | None = None, **kwargs: Any):
-    """The target as an `AutoModelForCausalLM` in eval mode, in `target.dtype`, on `device`
+    """The target as an `AutoModelForCausalLM` in eval mode, in `target_dtype`, on `device`
     (default: `target.device`). Extra keyword arguments go to `from_pretrained` (for example
     `device_map="auto"` for a model larger than one GPU)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         target.model,
-        dtype=DTYPES[target.dtype],
+        dtype=DTYPES[target_dtype(target)],
         trust_remote_code=target.trust_remote_code,
         revision=target.revision,
         **kwargs,

@@ -439,6 +439,29 @@ def test_a_dtype_the_cpu_computes_slowly_is_a_warning(setup, bf16_units):
     assert fp16.startswith("target.dtype=float16 on the CPU")
 
 
+def test_auto_dtype_picks_by_device_and_keys_stages_by_what_it_picked(tmp_path, monkeypatch):
+    import torch
+
+    from eaglet.cache import stage_key
+    from eaglet.config import TargetConfig, load_config
+    from eaglet.target import target_dtype
+
+    assert TargetConfig().dtype == "auto"
+    assert target_dtype(TargetConfig(device="cpu")) == "float32"  # never emulated bfloat16
+    assert target_dtype(TargetConfig(device="cpu", dtype="bfloat16")) == "bfloat16"  # as said
+    for supported, picked in ((True, "bfloat16"), (False, "float16")):  # a V100 has no bf16
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda supported=supported: supported)
+        assert target_dtype(TargetConfig(device="cuda:1")) == picked
+    monkeypatch.undo()
+
+    def key(dtype: str) -> str:
+        overrides = [f"work_dir={tmp_path}", "target.device=cpu", f"target.dtype={dtype}"]
+        return stage_key("hidden_states", load_config(None, overrides), [])
+
+    # A work dir filled with float32 on the CPU is reused by the new default, not redone.
+    assert key("auto") == key("float32") != key("bfloat16")
+
+
 def test_the_cpu_flags_say_whether_it_has_bf16_units(tmp_path):
     from eaglet.preflight import cpu_has_bf16_units
 

@@ -27,7 +27,7 @@ import httpx
 
 from eaglet.config import EvaluateConfig, TargetConfig
 from eaglet.errors import PermanentError
-from eaglet.target import load_config
+from eaglet.target import load_config, target_dtype
 from eaglet.vllm_process import free_port, vllm_server
 
 PREFIX = "vllm:spec_decode_"
@@ -208,7 +208,7 @@ def vllm_command(
     command = [
         python, "-m", "vllm.entrypoints.openai.api_server", "--model", target.model,
         "--served-model-name", "eaglet-target", "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", target.dtype,
+        "--dtype", target_dtype(target),
         "--speculative-config", json.dumps(speculative_config(draft_dir, num_speculative_tokens)),
     ]  # fmt: skip
     if max_model_len is not None:

@@ -40,7 +40,7 @@ import eaglet
 from eaglet.config import HiddenStatesConfig, PipelineConfig, TargetConfig
 from eaglet.hidden_states.layers import resolve_aux_layer_ids
 from eaglet.records.examples import Example
-from eaglet.target import load_config, resolve_device
+from eaglet.target import load_config, resolve_device, target_dtype
 from eaglet.vllm_process import free_port, vllm_server
 
 CPU_CONNECTOR = ("CpuHiddenStatesConnector", "eaglet.hidden_states.vllm_cpu_connector")
@@ -103,7 +103,7 @@ def started_server(
     command = [
         settings.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
         "--model", target.model, "--served-model-name", settings.served_model,
-        "--host", "127.0.0.1", "--port", str(free_port()), "--dtype", target.dtype,
+        "--host", "127.0.0.1", "--port", str(free_port()), "--dtype", target_dtype(target),
     ]  # fmt: skip
     if target.revision:
         command += ["--revision", target.revision]
