@@ -460,7 +460,7 @@ def check_vocab(
             f"{vocab}: ids from {vocab} up have no embedding; is the tokenizer the model's own?"
         )
         return
-    if config.train.draft_vocab_size > vocab:
+    if config.train.draft_vocab_size > vocab and not config.train.init_from:  # it brings one
         report.warnings.append(
             f"train.draft_vocab_size={config.train.draft_vocab_size} exceeds the target's "
             f"vocab_size {vocab}: the draft vocabulary is capped at the tokens seen"

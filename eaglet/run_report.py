@@ -265,9 +265,10 @@ def _in_work_dir(entry: dict[str, Any], run: dict[str, Any]) -> str:
 
 
 def render_run_report(run: dict[str, Any], manifests: dict[str, dict[str, Any]]) -> str:
-    """The run report as markdown: per stage, Cached or ran, records, seconds, key figures and
-    folder; then, for a failed stage, its error and how to resume. `manifests` maps a stage
-    to its manifest (as a dict); stages without one show no figures."""
+    """The run report as markdown: a table of the stages (Cached or ran, records, seconds,
+    folder), then each stage's key figures as a list below it (a table cell that long was
+    clipped in the Prefect UI), then, for a failed stage, its error and how to resume.
+    `manifests` maps a stage to its manifest (as a dict); stages without one show no figures."""
     stages = run.get("stages", {})
     failed = [s for s, e in stages.items() if e["state"] not in ("Completed", "Cached")]
     until = run.get("until", "evaluate")
@@ -279,9 +280,10 @@ def render_run_report(run: dict[str, Any], manifests: dict[str, dict[str, Any]])
         + (f", refreshed from `{run['refresh_from']}`" if run.get("refresh_from") else "")
         + f". Config: `{run.get('config_file', '?')}`. Work dir: `{run.get('work_dir', '?')}`.",
         "",
-        "| stage | state | records | seconds | key figures | folder (in the work dir) |",
-        "|---|---|---|---|---|---|",
+        "| stage | state | records | seconds | folder (in the work dir) |",
+        "|---|---|---|---|---|",
     ]
+    figures_lines = []
     for stage in STAGES:
         entry = stages.get(stage)
         if entry is None:
@@ -289,13 +291,17 @@ def render_run_report(run: dict[str, Any], manifests: dict[str, dict[str, Any]])
                 state = "not requested"
             else:
                 state = "not run"
-            lines.append(f"| {stage} | {state} | | | | |")
+            lines.append(f"| {stage} | {state} | | | |")
             continue
         figures = key_figures(stage, manifests[stage]) if stage in manifests else ""
         lines.append(
             f"| {stage} | {entry['state']} | {entry.get('records', 0)} | "
-            f"{entry.get('seconds', 0):.1f} | {figures} | `{_in_work_dir(entry, run)}` |"
+            f"{entry.get('seconds', 0):.1f} | `{_in_work_dir(entry, run)}` |"
         )
+        if figures:
+            figures_lines.append(f"- **{stage}**: {figures}")
+    if figures_lines:
+        lines += ["", "## Key figures", "", *figures_lines]
     for stage in failed:
         lines += ["", failure_note(stage, stages[stage], run)]
     return "\n".join(lines) + "\n"

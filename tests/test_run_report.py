@@ -85,6 +85,11 @@ def table_row(report: str, stage: str) -> list[str]:
     return [cell.strip() for cell in row.strip("|").split("|")]
 
 
+def figures(report: str, stage: str) -> str:
+    """The stage's key figures, listed below the table."""
+    return next(line for line in report.splitlines() if line.startswith(f"- **{stage}**: "))
+
+
 def test_report_of_a_finished_run_gives_state_records_seconds_figures_and_folder(tmp_path):
     work_dir = tmp_path / "work"
     run = start_run_record(config_for(work_dir), None, "evaluate", None)
@@ -101,15 +106,17 @@ def test_report_of_a_finished_run_gives_state_records_seconds_figures_and_folder
     assert "Run completed" in report
     generate = table_row(report, "generate")
     assert generate[:4] == ["generate", "Cached", "24", "1.2"]
-    assert "3 failed samples" in generate[4] and "6 truncated (25.0%)" in generate[4]
-    assert generate[5] == "`generate/generate-key`"  # in the work dir, named in the header
+    assert len(generate) == 5  # figures are listed below the table: a wide cell was clipped
+    assert "3 failed samples" in figures(report, "generate")
+    assert "6 truncated (25.0%)" in figures(report, "generate")
+    assert generate[4] == "`generate/generate-key`"  # in the work dir, named in the header
     assert f"Work dir: `{work_dir.resolve()}`" in report
     assert table_row(report, "extract")[1] == "Completed"
-    assert "reasoning captured 87.5%" in table_row(report, "extract")[4]
-    assert "final loss 2.5000 (first 6.2500)" in table_row(report, "train")[4]
+    assert "reasoning captured 87.5%" in figures(report, "extract")
+    assert "final loss 2.5000 (first 6.2500)" in figures(report, "train")
     assert "online hidden states, 0 B stored (3.0 MiB of int8 shards saved)" in report
-    assert "τ 2.250 trained vs 1.000 untrained" in table_row(report, "evaluate")[4]
-    assert "2 duplicates dropped" in table_row(report, "download")[4]
+    assert "τ 2.250 trained vs 1.000 untrained" in figures(report, "evaluate")
+    assert "2 duplicates dropped" in figures(report, "download")
     assert "failed" not in report.split("\n", 3)[2]  # the summary line
 
 
@@ -134,7 +141,7 @@ def test_report_after_a_failure_marks_the_stage_and_says_how_to_resume(tmp_path)
 
     assert "Run **failed** at `generate`" in report
     assert table_row(report, "generate")[:2] == ["generate", "Failed"]
-    assert table_row(report, "generate")[5] == "`generate/k1.partial`"
+    assert table_row(report, "generate")[4] == "`generate/k1.partial`"
     assert table_row(report, "extract")[1] == "not run"
     assert table_row(report, "evaluate")[1] == "not requested"
     assert "TooManyFailuresError: 1 of 3 samples failed" in report
