@@ -54,8 +54,37 @@ class ConfigError(PermanentError, ValueError):
     """A configuration file or override that cannot be used; the message says where and why."""
 
 
+def bounds_text(prop: dict[str, Any]) -> str:
+    """A number field's bounds in words (`1 to 1000`, `at least 0`, `above 0 and at most 1`),
+    read from its JSON schema (an optional field's from the number branch); empty if none."""
+    words = {
+        "minimum": "at least",
+        "exclusiveMinimum": "above",
+        "maximum": "at most",
+        "exclusiveMaximum": "below",
+    }
+    for branch in [prop, *prop.get("anyOf", [])]:
+        said = [(key, branch[key]) for key in words if key in branch]
+        if [key for key, _ in said] == ["minimum", "maximum"]:
+            return f"{said[0][1]:g} to {said[1][1]:g}"
+        if said:
+            return " and ".join(f"{words[key]} {value:g}" for key, value in said)
+    return ""
+
+
+def _say_bounds(schema: dict[str, Any]) -> None:
+    """The Prefect UI's form shows a field's description, never its schema's bounds: the
+    description says them."""
+    for prop in schema.get("properties", {}).values():
+        bounds = bounds_text(prop)
+        if bounds and prop.get("description"):
+            prop["description"] = f"{prop['description'].rstrip()} Range: {bounds}."
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, json_schema_extra=_say_bounds
+    )
 
 
 class DatasetSpec(_Strict):

@@ -26,3 +26,25 @@ def test_every_config_field_is_described():
         if not prop.get("description")
     ]
     assert not undescribed, undescribed
+
+
+def test_the_form_says_each_fields_bounds_in_its_description():
+    """The UI shows descriptions, not JSON-schema bounds: every bounded field says them."""
+    from eaglet.config import bounds_text
+
+    definitions = parameter_schema(pipeline).model_dump()["definitions"]
+    bounded = {
+        f"{model}.{field}": prop
+        for model, definition in definitions.items()
+        for field, prop in definition.get("properties", {}).items()
+        if bounds_text(prop)
+    }
+    assert len(bounded) > 40
+    for name, prop in bounded.items():
+        assert prop["description"].endswith(f"Range: {bounds_text(prop)}."), name
+    epochs = definitions["TrainConfig"]["properties"]["epochs"]["description"]
+    assert epochs.endswith("Range: 1 to 1000.")
+    lr = definitions["TrainConfig"]["properties"]["lr"]["description"]
+    assert lr.endswith("Range: above 0 and at most 1.")
+    steps = definitions["TrainConfig"]["properties"]["max_steps"]["description"]  # optional
+    assert steps.endswith("Range: at least 1.")
