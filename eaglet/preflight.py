@@ -425,12 +425,15 @@ def check_init_from(config: PipelineConfig, model_config: Any, report: Preflight
         return
     try:
         target = head_config(model_config)
+        ids = resolve_aux_layer_ids(config.hidden_states.aux_layer_ids, target["num_hidden_layers"])
+    except (ValueError, AttributeError):  # check_layers names what is wrong with the layers
+        return
+    try:
         start = read_starting_draft(
             train.init_from, train.init_from_layer_convention, target["num_hidden_layers"]
         )
-        ids = resolve_aux_layer_ids(config.hidden_states.aux_layer_ids, target["num_hidden_layers"])
-    except (StartingDraftError, ValueError, AttributeError) as exc:
-        report.problems.append(str(exc) if "init_from" in str(exc) else f"train.init_from: {exc}")
+    except StartingDraftError as exc:  # its message names train.init_from and the folder
+        report.problems.append(str(exc))
         return
     found = problems(start, target, ids)
     report.problems.extend(found)

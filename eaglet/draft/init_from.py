@@ -34,14 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from eaglet.config import TrainConfig
-from eaglet.draft.checkpoint import (
-    SGLANG_AUX_LAYER_CONVENTION,
-    config_from_json,
-    load_draft,
-)
+from eaglet.draft.checkpoint import aux_layer_ids, config_from_json, load_draft
 from eaglet.draft.model import ARCHITECTURE_VARIANTS, Eagle3Config, Eagle3Draft
 from eaglet.draft.vocab import DraftVocab
-from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, default_aux_layer_ids
+from eaglet.hidden_states.layers import default_aux_layer_ids
 
 SETTING = "train.init_from"
 CONVENTION_SETTING = "train.init_from_layer_convention"
@@ -79,16 +75,14 @@ def _named_ids(raw: dict) -> list[int] | None:
 def layer_ids(raw: dict, convention: str, num_layers: int) -> tuple[list[int], str]:
     """The draft's layer ids in vLLM's convention, and where they came from."""
     named, kind = _named_ids(raw), draft_format(raw)
-    if kind == "eaglet":
-        label = raw["eaglet"]["aux_layer_convention"]
-        if label not in (AUX_LAYER_CONVENTION, SGLANG_AUX_LAYER_CONVENTION) or not named:
-            raise StartingDraftError(f"eaglet.aux_layer_convention {label!r} or its ids unreadable")
-        shift = 1 if label == SGLANG_AUX_LAYER_CONVENTION else 0
-        return [i + shift for i in named], "eaglet's label"
     if named is None:
         return default_aux_layer_ids(num_layers), "EAGLE-3's default (it names none)"
-    if kind == "speculators":
-        return named, "its config (speculators: vLLM's convention)"
+    if kind != "vllm":  # eaglet's label, or speculators' (vLLM's) convention: as evaluation reads
+        said = "eaglet's label" if kind == "eaglet" else "speculators' format: vLLM's convention"
+        try:
+            return aux_layer_ids(raw), said
+        except ValueError as exc:
+            raise StartingDraftError(str(exc)) from None
     if convention == "auto":
         raise StartingDraftError(
             f"its config names layer ids {named} without saying in which convention: set "
