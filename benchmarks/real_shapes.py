@@ -1,8 +1,12 @@
 """Seconds, tokens/s and peak memory of every stage, on the fixture target and on real-shape
 ones (`eaglet fixture-model --shape`): what grows with the target's width and vocabulary.
 
-    python benchmarks/real_shapes.py [--work-dir DIR] [--samples N] [--layers L]
-                                     [--fixture DIR] [--targets fixture,qwen3-0.6b,qwen3-0.6b-v201k]
+    python benchmarks/real_shapes.py [--work-dir DIR] [--samples N] [--layers L] [--fixture DIR]
+                                     [--targets fixture,qwen3-0.6b,qwen3-0.6b+gpt-oss]
+
+A target is `fixture`, a shape, a shape with `-v201k` (201,088 rows around Qwen3's tokenizer) or
+with `+TOKENIZER` (another tokenizer family: `+gpt-oss` brings o200k_harmony, 201,088 rows and
+the harmony format).
 
 Each stage runs as its own `eaglet run CONFIG --until STAGE` process (the stages before it are
 Cached), against one running Prefect server started here, so the peak RSS of that process
@@ -56,10 +60,13 @@ def build_target(name: str, out: Path, layers: int, fixture: Path | None) -> Pat
             return fixture
         args = ["fixture-model", str(out)]
     else:
-        shape, _, variant = name.partition("-v")
+        shaped, _, tokenizer = name.partition("+")
+        shape, _, variant = shaped.partition("-v")
         args = ["fixture-model", str(out), "--shape", shape, "--layers", str(layers)]
         if variant:
             args += ["--vocab-size", str(VOCABULARIES[variant])]
+        if tokenizer:
+            args += ["--tokenizer", tokenizer]
     if not (out / "config.json").exists():
         subprocess.run([sys.executable, "-m", "eaglet_prefect.flows.cli", *args], check=True)
     return out
@@ -135,7 +142,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--fixture", type=Path, default=os.environ.get("EAGLET_TEST_FIXTURE_MODEL"))
-    parser.add_argument("--targets", default="fixture,qwen3-0.6b,qwen3-0.6b-v201k")
+    parser.add_argument("--targets", default="fixture,qwen3-0.6b,qwen3-0.6b+gpt-oss")
     args = parser.parse_args()
     root = args.work_dir or Path(tempfile.mkdtemp(prefix="eaglet-real-shapes-"))
     root.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""Serve eaglet's deployments from one process: the whole pipeline and generation alone.
+"""Serve eaglet's deployments from one process: the whole pipeline (its full form, and a short
+form of the settings most runs change) and generation alone.
 
     python deployments/serve.py        (or: eaglet serve)
 
@@ -18,16 +19,17 @@ from prefect.client.schemas.actions import DeploymentScheduleCreate
 from prefect.exceptions import ObjectNotFound
 
 from eaglet_prefect.flows.pipeline import pipeline
+from eaglet_prefect.flows.short_form import short_form
 
-FLOW_NAME = "eaglet-pipeline"
 
-
-def existing_schedules(deployment: str) -> list[DeploymentScheduleCreate]:
-    """The schedules the Prefect server holds for `eaglet-pipeline/<deployment>` (added in
-    the UI or by an earlier serve), active or not; none for a deployment it does not know."""
+def existing_schedules(
+    deployment: str, flow_name: str = pipeline.name
+) -> list[DeploymentScheduleCreate]:
+    """The schedules the Prefect server holds for `<flow>/<deployment>` (added in the UI or
+    by an earlier serve), active or not; none for a deployment it does not know."""
     with get_client(sync_client=True) as client:
         try:
-            found = client.read_deployment_by_name(f"{FLOW_NAME}/{deployment}")
+            found = client.read_deployment_by_name(f"{flow_name}/{deployment}")
         except ObjectNotFound:
             return []
     return [
@@ -49,6 +51,14 @@ def main() -> None:
             description="The whole pipeline: download to evaluate.",
             tags=["eaglet"],
             schedules=existing_schedules("pipeline"),
+        ),
+        short_form.to_deployment(
+            name="pipeline-short-form",
+            description="The whole pipeline with only the settings most runs change (target, "
+            "datasets, engine and endpoints, epochs, work dir) over a base config; blank keeps "
+            "the base's. Every setting is in the form of `pipeline`.",
+            tags=["eaglet"],
+            schedules=existing_schedules("pipeline-short-form", short_form.name),
         ),
         pipeline.to_deployment(
             name="generate-only",

@@ -163,6 +163,18 @@ class GenerationConfig(_Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     seed: int = Field(0, description="Sampling seed.")
     stop: list[str] = Field(default_factory=list, description="Extra stop strings.")
+    loop_guard: bool = Field(
+        True,
+        description="Stop an answer that repeats itself: the vllm engine streams each answer "
+        "and ends the request once one n-gram of loop_ngram tokens has occurred loop_repeats "
+        "times, recording finish_reason 'loop' with the ids so far (reasoning.looped_rows "
+        "says whether extract keeps them). Off: every answer runs to its end or max_tokens, "
+        "unstreamed. The other engines do not stream and are not guarded.",
+    )
+    loop_ngram: int = Field(32, ge=2, le=4096, description="Loop guard: tokens per n-gram.")
+    loop_repeats: int = Field(
+        8, ge=2, le=10_000, description="Loop guard: occurrences of one n-gram that stop it."
+    )
     concurrency: int = Field(
         128,
         ge=1,
@@ -284,6 +296,12 @@ class ReasoningConfig(_Strict):
     )
     max_truncation_rate: float = Field(
         0.2, ge=0.0, le=1.0, description="Quality gate: fail when more records hit max_tokens."
+    )
+    looped_rows: Literal["drop", "keep"] = Field(
+        "drop",
+        description="Records the loop guard stopped (finish_reason 'loop'): drop = no "
+        "training example (counted as looped in the quality report); keep = train on the "
+        "answer up to where it was stopped, like a truncated one.",
     )
     max_thinking_in_answer_rate: float = Field(
         0.05,

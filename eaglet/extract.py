@@ -156,6 +156,8 @@ def _build_example(
     flags = list(split.flags)
     if generation.finish_reason == "length":
         flags.append("truncated")
+    if generation.finish_reason == "loop":
+        flags.append("looped")
     if not split.reasoning_closed:
         flags.append("reasoning_not_closed")
     if reasoning_format.reasons and split.reasoning_closed and not reasoning:
@@ -269,6 +271,8 @@ class _SourceTally:
     records: int = 0
     with_reasoning: int = 0
     truncated: int = 0
+    looped: int = 0  # stopped by the loop guard, examples or not (reasoning.looped_rows)
+    looped_kept: int = 0  # of those, the ones kept as examples
     leaked: int = 0
     server_disagrees: int = 0
     server_checked: int = 0
@@ -295,14 +299,19 @@ class QualityTally:
         tally = self.sources[example.source]
         tally.records += 1
         # Captured = reasoning split out and closed. Truncated records are judged by the
-        # truncation rate instead: out of both sides of the rate, so it is at most 1.
+        # truncation rate instead: out of both sides of the rate, so it is at most 1; so are
+        # the looping answers kept (reasoning.looped_rows: keep), cut short like them.
         truncated = example.finish_reason == "length"
+        looped = example.finish_reason == "loop"
         tally.with_reasoning += (
             bool(example.reasoning)
             and "reasoning_not_closed" not in example.flags
             and not truncated
+            and not looped
         )
         tally.truncated += truncated
+        tally.looped += looped
+        tally.looped_kept += looped
         tally.leaked += "thinking_in_content" in example.flags
         # The seeds' signature: no reasoning split out, yet thinking text sits in the answer.
         tally.thinking_in_answer += "thinking_in_content" in example.flags and not (
@@ -322,6 +331,12 @@ class QualityTally:
             if len(self.examples_by_flag[flag]) < 5:
                 self.examples_by_flag[flag].append(example.sample_id)
 
+    def add_dropped_loop(self, generation: Generation) -> None:
+        """A record the loop guard stopped, left out of the examples (looped_rows: drop)."""
+        self.sources[generation.source].looped += 1
+        if len(self.examples_by_flag["looped"]) < 5:
+            self.examples_by_flag["looped"].append(generation.sample_id)
+
     def report(self, reasoning_format: ReasoningFormat) -> dict[str, Any]:
         """Per-source figures a person checks before trusting the data."""
         per_source = {}
@@ -329,8 +344,10 @@ class QualityTally:
             per_source[source] = {
                 "records": tally.records,
                 "reasoning_capture_rate": _rate(
-                    tally.with_reasoning, tally.records - tally.truncated
+                    tally.with_reasoning, tally.records - tally.truncated - tally.looped_kept
                 ),
+                # Answers the loop guard stopped (examples only with looped_rows: keep).
+                "looped": tally.looped,
                 "thinking_in_content": tally.leaked,
                 "server_reasoning_disagreements": tally.server_disagrees,
                 # Records whose server text was cross-checked, and where that server put the
@@ -343,20 +360,20 @@ class QualityTally:
                 "prompt_template_mismatches": tally.prompt_mismatches,
                 # No reasoning split out, think tags in the answer: the seeds' signature.
                 "thinking_in_answer": tally.thinking_in_answer,
-                "truncation_rate": tally.truncated / tally.records,
+                "truncation_rate": tally.truncated / max(1, tally.records),
                 "reasoning_token_share": tally.reasoning_tokens / max(1, tally.output_tokens),
                 "sequence_tokens": _percentiles(self.lengths[source]),
             }
         tallies = self.sources.values()
         total = sum(t.records for t in tallies)
         truncated = sum(t.truncated for t in tallies)
+        cut = truncated + sum(t.looped_kept for t in tallies)
         return {
             "reasoning_format": reasoning_format.name,
             "records": total,
-            "reasoning_capture_rate": _rate(
-                sum(t.with_reasoning for t in tallies), total - truncated
-            ),
+            "reasoning_capture_rate": _rate(sum(t.with_reasoning for t in tallies), total - cut),
             "truncation_rate": truncated / max(1, total),
+            "looped": sum(t.looped for t in tallies),
             "per_source": per_source,
             "example_ids_by_flag": dict(self.examples_by_flag),
         }
@@ -444,8 +461,10 @@ def write_examples(
     reasoning_format: ReasoningFormat,
     end_ids: set[int],
     chat_template_kwargs: dict[str, Any],
+    looped_rows: str = "drop",
 ) -> dict[str, Any]:
-    """Build every example into `examples.jsonl`, template mismatches into
+    """Build every example into `examples.jsonl` (but the answers the loop guard stopped,
+    with `looped_rows` "drop"), template mismatches into
     `template_mismatches.jsonl`, samples whose server text disagrees with the split into
     `server_disagreements.jsonl`, and the quality report into `quality.json`; return the
     report. `prompts_paths` hold the prompts of every record: the tokenize stage's, and the
@@ -460,6 +479,9 @@ def write_examples(
         open(out_dir / "server_disagreements.jsonl", "w", encoding="utf-8") as disagreements,
     ):
         for generation in read_jsonl(generations_path, Generation):
+            if generation.finish_reason == "loop" and looped_rows == "drop":
+                quality.add_dropped_loop(generation)
+                continue
             example, split, server = _build_example(
                 generation, tokenizer, reasoning_format, end_ids
             )

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from eaglet.config import PipelineConfig, resolve_paths
+from eaglet.draft.segments import segments_text
 from eaglet.stages import FAILED_FILE, STAGES
 from eaglet.storage import ManifestError, read_manifest, write_json_atomic
 
@@ -231,6 +232,7 @@ def key_figures(stage: str, manifest: dict[str, Any]) -> str:
         return (
             f"engine {info.get('engine', '?')}; {counts.get('failed', 0)} failed samples; "
             f"{truncated} truncated ({percent(truncated / records if records else None)})"
+            + (f"; {counts['looped']} stopped looping" if counts.get("looped") else "")
         )
     if stage == "extract":
         quality = info.get("quality", {})
@@ -254,7 +256,10 @@ def key_figures(stage: str, manifest: dict[str, Any]) -> str:
         tau, untrained = info.get("tau"), info.get("untrained_tau")
         if tau is None:
             return ""
-        return f"τ {tau:.3f} trained vs {untrained:.3f} untrained"
+        text = f"τ {tau:.3f} trained vs {untrained:.3f} untrained"
+        if info.get("segments"):
+            text += "; " + segments_text(info["segments"], symbol="τ")
+        return text
     return ""
 
 

@@ -124,6 +124,7 @@ def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
             **({"emitted_tau": report["emitted_tau"]} if "emitted_tau" in report else {}),
             "prompts": report["prompts"],
             "per_position_acceptance": report["draft"].get("per_position_acceptance", []),
+            "segments": report.get("segments", {}),
         }
     return {
         "work_dir": str(work_dir.resolve()),

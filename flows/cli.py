@@ -18,8 +18,10 @@ from typing import Any
 
 from eaglet import work_dir_lock
 from eaglet.config import ConfigError, PipelineConfig, load_config
+from eaglet.draft.segments import segments_text
 from eaglet.fixture.demo import ensure_demo_inputs
 from eaglet.fixture.real_shape import SHAPES as REAL_SHAPES
+from eaglet.fixture.real_tokenizers import TOKENIZERS as REAL_TOKENIZERS
 from eaglet.preflight import PreflightError, run_preflight_ahead
 from eaglet.run_report import percent, training_line
 from eaglet.stages import DRAFT_FOLDER, REPORT_FILE, STAGES
@@ -261,6 +263,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             f"on {e['prompts']} held-out prompts"
             + (f", {e['emitted_tau']:.3f} output tokens per round" if "emitted_tau" in e else "")
         )
+        if e.get("segments"):
+            print(f"  by segment: {segments_text(e['segments'])}")
     return 0
 
 
@@ -282,18 +286,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_fixture_model(args: argparse.Namespace) -> int:
     from eaglet.fixture.model import build_fixture_model
-    from eaglet.fixture.real_shape import MissingTokenizerPackage, build_real_shape_model
+    from eaglet.fixture.real_shape import build_real_shape_model
+    from eaglet.fixture.real_tokenizers import MissingTokenizerPackage
 
     started = time.time()
     if args.shape is None:
-        if args.layers is not None or args.vocab_size is not None:
-            print("error: --layers and --vocab-size go with --shape", file=sys.stderr)
+        if args.layers is not None or args.vocab_size is not None or args.tokenizer is not None:
+            print("error: --layers, --vocab-size and --tokenizer go with --shape", file=sys.stderr)
             return 2
         path = build_fixture_model(Path(args.out_dir), seed=args.seed)
     else:
         try:
             path = build_real_shape_model(
-                Path(args.out_dir), args.shape, args.layers, args.vocab_size, seed=args.seed
+                Path(args.out_dir),
+                args.shape,
+                args.layers,
+                args.vocab_size,
+                seed=args.seed,
+                tokenizer_family=args.tokenizer or "qwen3",
             )
         except (MissingTokenizerPackage, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -357,6 +367,12 @@ def build_parser() -> argparse.ArgumentParser:
     fixture.add_argument("--layers", type=int, help="with --shape: fewer layers, same width")
     fixture.add_argument(
         "--vocab-size", type=int, help="with --shape: more embedding and lm_head rows"
+    )
+    fixture.add_argument(
+        "--tokenizer",
+        choices=REAL_TOKENIZERS,
+        help="with --shape: the tokenizer family, its chat template and vocabulary "
+        "(default qwen3; gpt-oss: o200k_harmony, 201,088 rows, the harmony format)",
     )
     fixture.set_defaults(handler=cmd_fixture_model)
     return parser

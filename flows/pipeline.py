@@ -34,10 +34,21 @@ def task_of_stage(stage: str) -> Task:
 
 
 TASKS: dict[str, Task] = {name: task_of_stage(name) for name in STAGES}
+BETWEEN_STAGES = "the flow after"  # what an interrupt names once a stage has finished
+
+
+def run_label(name: str, parameters: dict) -> str:
+    """`pipeline[<config name>]`, plus `until` and `refresh from` when they are set."""
+    label = f"pipeline[{name}]"
+    if parameters.get("until", "evaluate") != "evaluate":
+        label += f" until {parameters['until']}"
+    if parameters.get("refresh_from"):
+        label += f" refresh from {parameters['refresh_from']}"
+    return label
 
 
 def run_name() -> str:
-    """`pipeline[<config name>]`, plus `until` and `refresh from` when they are set."""
+    """The pipeline flow run's name (`run_label`) from its `config` or `config_path`."""
     parameters = flow_run.parameters
     try:
         if parameters.get("config_path"):
@@ -46,12 +57,7 @@ def run_name() -> str:
             name = PipelineConfig.model_validate(parameters.get("config") or {}).name
     except ValueError:  # the flow itself reports the bad config
         name = "?"
-    label = f"pipeline[{name}]"
-    if parameters.get("until", "evaluate") != "evaluate":
-        label += f" until {parameters['until']}"
-    if parameters.get("refresh_from"):
-        label += f" refresh from {parameters['refresh_from']}"
-    return label
+    return run_label(name, parameters)
 
 
 def preflight(config: PipelineConfig) -> None:
@@ -112,16 +118,18 @@ def pipeline(
         retry_failed: Send the samples a finished generate stage recorded as failed again,
             keeping every record already written.
     """
-    # A flow run replaces the SIGTERM handler with Prefect's own for its duration: eaglet's
-    # (`eaglet run`, eaglet/shutdown.py) saves a checkpoint and exits within seconds.
-    shutdown.claim_signals()
-    shutdown.set_stage("the preflight")
+    start_run()
     if config_path:
         config = load_config(config_path)
-    # One run per work dir: a second one (a double click, a schedule overlapping a run) fails
-    # here naming the holder; `eaglet run` took the lock already and takes it again.
-    with work_dir_lock.held(config.work_dir, flow_run=str(flow_run.id)):
-        return run_stages(config, config_path, until, refresh_from, retry_failed)
+    return run_stages(config, config_path, until, refresh_from, retry_failed)
+
+
+def start_run() -> None:
+    """What every flow run of eaglet does first: a flow run replaces the SIGTERM handler with
+    Prefect's own for its duration; eaglet's (`eaglet run`, eaglet/shutdown.py) saves a
+    checkpoint and exits within seconds."""
+    shutdown.claim_signals()
+    shutdown.set_stage("the preflight")
 
 
 def run_stages(
@@ -131,31 +139,34 @@ def run_stages(
     refresh_from: StageName | None,
     retry_failed: bool,
 ) -> dict:
-    """The flow's body, under the work dir's lock: the preflight, each stage up to `until`
+    """The flows' body: under the work dir's lock, the preflight, each stage up to `until`
     (`eaglet.stages`, each fed the outputs it reads), the run report."""
-    preflight(config)  # what the config already shows fails here, before any stage
-    record = start_run_record(config, config_path, until, refresh_from)
-    outputs: dict[str, dict] = {}  # each stage's manifest by its output name
-    try:
-        for spec in STAGE_LIST[: STAGES.index(until) + 1]:
-            if not spec.runs(config):  # hidden_states, online: train runs the target itself
-                continue
-            inputs = {name: outputs[name] for name in spec.inputs(config)}
-            if spec.name == "hidden_states" and config.execution.task_runner == "dask":
-                shutdown.set_stage("hidden_states")
-                map_hidden_state_shards(config, inputs["examples"])  # shard tasks first
-            if spec.name == "generate" and retry_failed:
-                inputs["retry_failed"] = True
-            refresh = spec.name == refresh_from
-            outputs[spec.output] = run_task(spec.name, config, inputs, refresh, record)
-        shutdown.set_stage("the run report")
-    finally:
-        create_markdown_artifact(
-            write_run_report(Path(config.work_dir)),
-            key="run-report",
-            description=f"eaglet run {config.name}: per stage, Cached or ran, and key figures",
-        )
-    return {"stages": record["stages"], "evaluation": outputs.get("report", {}).get("info", {})}
+    # One run per work dir: a second one (a double click, a schedule overlapping a run) fails
+    # here naming the holder; `eaglet run` took the lock already and takes it again.
+    with work_dir_lock.held(config.work_dir, flow_run=str(flow_run.id)):
+        preflight(config)  # what the config already shows fails here, before any stage
+        record = start_run_record(config, config_path, until, refresh_from)
+        outputs: dict[str, dict] = {}  # each stage's manifest by its output name
+        try:
+            for spec in STAGE_LIST[: STAGES.index(until) + 1]:
+                if not spec.runs(config):  # hidden_states, online: train runs the target itself
+                    continue
+                inputs = {name: outputs[name] for name in spec.inputs(config)}
+                if spec.name == "hidden_states" and config.execution.task_runner == "dask":
+                    shutdown.set_stage("hidden_states")
+                    map_hidden_state_shards(config, inputs["examples"])  # shard tasks first
+                if spec.name == "generate" and retry_failed:
+                    inputs["retry_failed"] = True
+                refresh = spec.name == refresh_from
+                outputs[spec.output] = run_task(spec.name, config, inputs, refresh, record)
+            shutdown.set_stage("the run report")
+        finally:
+            create_markdown_artifact(
+                write_run_report(Path(config.work_dir)),
+                key="run-report",
+                description=f"eaglet run {config.name}: per stage, Cached or ran, and key figures",
+            )
+        return {"stages": record["stages"], "evaluation": outputs.get("report", {}).get("info", {})}
 
 
 def run_task(stage: str, config: PipelineConfig, inputs: dict, refresh: bool, record: dict) -> dict:
@@ -163,18 +174,21 @@ def run_task(stage: str, config: PipelineConfig, inputs: dict, refresh: bool, re
     write what it did into the run record (`run.json`) whatever the outcome, and return its
     manifest; a failed task raises its error here, so the flow fails with it."""
     started, work_dir = time.time(), Path(config.work_dir)
-    task = TASKS[stage].with_options(
-        result_storage=result_storage_path(config),
-        refresh_cache=True if refresh or inputs.get("retry_failed") else None,
-    )
-    shutdown.set_stage(stage)
     try:
+        # From here an interrupt names this stage and is recorded as its crash, wherever it
+        # lands (it once landed between naming the stage and entering this block).
+        shutdown.set_stage(stage)
         shutdown.raise_if_requested()  # an interrupt some library swallowed stops the run here
+        task = TASKS[stage].with_options(
+            result_storage=result_storage_path(config),
+            refresh_cache=True if refresh or inputs.get("retry_failed") else None,
+        )
         state = task(config, **inputs, refresh=refresh, return_state=True)
     except shutdown.Interrupted as exc:  # SIGINT/SIGTERM: the task run is marked Crashed
-        entry = interrupted_entry(stage, config, inputs, exc, time.time() - started)
-        record["stages"][stage] = entry
-        write_run_record(work_dir, record)
+        if not exc.stage.startswith(BETWEEN_STAGES):  # one from before it began is not its crash
+            entry = interrupted_entry(stage, config, inputs, exc, time.time() - started)
+            record["stages"][stage] = entry
+            write_run_record(work_dir, record)
         raise
     if not state.is_completed():
         entry = stage_failure(stage, config, inputs, state, time.time() - started)
@@ -189,4 +203,5 @@ def run_task(stage: str, config: PipelineConfig, inputs: dict, refresh: bool, re
         "seconds": round(time.time() - started, 2),
     }
     write_run_record(work_dir, record)
+    shutdown.set_stage(f"{BETWEEN_STAGES} {stage}")  # a finished stage is not interrupted
     return manifest

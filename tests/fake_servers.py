@@ -20,6 +20,12 @@ in the middle, with a Content-Length that matches it), "400" (with a message), "
 answers every generation request with that status for a while (a 5xx storm), and
 `completion_token_ids=False` makes `/v1/completions` answer text without `token_ids` (a server
 that ignores `return_token_ids`).
+`/v1/completions` with `"stream": true` answers as vLLM streams: server-sent events of a few
+`token_ids` each, `finish_reason` in the last one, then a usage event and `[DONE]`; it stops
+generating when the client disconnects. `loop_share` makes that share of prompts (chosen by
+their ids) loop: after the reasoning, one sentence again and again to `max_tokens`.
+`generated_tokens` counts the output tokens the server produced (its cost), `token_delay_s`
+is the time it takes per token.
 `serve(app)` runs any ASGI app with uvicorn in a thread on a free loopback port.
 `ResetProxy` is a TCP proxy in front of any server that resets connections (RST) on demand:
 faults of the network, not of the server, so it may sit in front of a real vLLM too.
@@ -118,6 +124,8 @@ class FakeServer:
         api_key: str | None = None,
         hang_s: float = 5.0,
         completion_token_ids: bool = True,
+        loop_share: float = 0.0,
+        token_delay_s: float = 0.0,
     ) -> None:
         self.tokenizer = tokenizer or ToyTokenizer()
         self.served_model = served_model
@@ -128,6 +136,9 @@ class FakeServer:
         self.api_key = api_key
         self.hang_s = hang_s
         self.completion_token_ids = completion_token_ids
+        self.loop_share = loop_share
+        self.token_delay_s = token_delay_s
+        self.generated_tokens = 0
         self.storm_until = 0.0
         self.storm_status = "503"
         self.faults: deque[str] = deque()
@@ -138,9 +149,19 @@ class FakeServer:
 
     # --- the toy model ----------------------------------------------------------------
 
+    def loops(self, prompt_ids: list[int]) -> bool:
+        """Whether the toy model loops on this prompt (`loop_share` of prompts, by their ids)."""
+        return (sum(prompt_ids) * 7919) % 1000 < self.loop_share * 1000
+
     def complete(self, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], str]:
         """Output ids (ending in <|im_end|> when finished) and finish reason."""
         reasoning, answer = toy_answer(prompt_ids)
+        if self.loops(prompt_ids):
+            again = self.tokenizer.encode(" Wait, let me add the ids again.")
+            ids = self.tokenizer.encode(reasoning)
+            while len(ids) < max_tokens:
+                ids += again
+            return ids[:max_tokens], "length"
         ids = self.tokenizer.encode(f"{reasoning}\n</think>\n\n{answer}") + [EOS_ID]
         if len(ids) > max_tokens:
             return ids[:max_tokens], "length"
@@ -198,7 +219,12 @@ class FakeServer:
                 await asyncio.sleep(self.delay_s)
             if fault is not None and await self._fault(fault, send, path):
                 return
-            await _send_json(send, 200, handlers[path](request, abort=fault == "abort"))
+            answer = handlers[path](request, abort=fault == "abort")
+            if path == "/v1/completions" and request.get("stream"):
+                await self._stream_completion(answer, send, receive)
+                return
+            await asyncio.sleep(self.token_delay_s * self._output_tokens(answer))
+            await _send_json(send, 200, answer)
         finally:
             with self._lock:
                 self.in_flight -= 1
@@ -241,6 +267,55 @@ class FakeServer:
         else:
             return False
         return True
+
+    def _output_tokens(self, answer: dict[str, Any]) -> int:
+        usage = answer.get("usage") or answer.get("meta_info", {})
+        count = int(usage.get("completion_tokens", 0))
+        with self._lock:
+            self.generated_tokens += count
+        return count
+
+    async def _stream_completion(self, answer: dict[str, Any], send, receive) -> None:
+        """`answer` (what `_completions` says) as vLLM streams it: a few ids per event, the
+        prompt ids in the first, the finish reason in the last; stops at a disconnect."""
+        (whole,) = answer["choices"]
+        ids = whole.get("token_ids")
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            chars = self.tokenizer.encode(whole["text"]) if ids is None else ids
+            pieces = [chars[i : i + 4] for i in range(0, len(chars), 4)] or [[]]
+            for number, piece in enumerate(pieces):
+                await asyncio.sleep(self.token_delay_s * len(piece))
+                if gone.is_set():
+                    return  # the client left: generate no more
+                with self._lock:
+                    self.generated_tokens += len(piece)
+                last = number == len(pieces) - 1
+                choice: dict[str, Any] = {
+                    "index": 0,
+                    "text": self.tokenizer.decode(piece, skip_special_tokens=True),
+                    "finish_reason": whole["finish_reason"] if last else None,
+                    "stop_reason": whole["stop_reason"] if last else None,
+                }
+                if ids is not None:
+                    choice["token_ids"] = piece
+                    if number == 0:
+                        choice["prompt_token_ids"] = whole["prompt_token_ids"]
+                event = {"id": answer["id"], "object": "text_completion", "choices": [choice]}
+                await _send_event(send, event)
+            await _send_event(send, {"id": answer["id"], "choices": [], "usage": answer["usage"]})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        finally:
+            watcher.cancel()
 
     def storm(self, seconds: float, status: str = "503") -> None:
         """Answer every generation request with `status` for the next `seconds`."""
@@ -335,6 +410,11 @@ class FakeServer:
             tuple(entry["body"].get("prompt") or entry["body"].get("input_ids") or [])
             for entry in entries
         ]
+
+
+async def _send_event(send, data: Any) -> None:
+    body = f"data: {json.dumps(data)}\n\n".encode()
+    await send({"type": "http.response.body", "body": body, "more_body": True})
 
 
 async def _send_json(send, status: int, data: Any, extra_headers: list | None = None) -> None:

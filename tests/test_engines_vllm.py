@@ -154,6 +154,38 @@ def test_greedy_records_equal_the_local_engines(
                     assert "</think>" in record.raw["content"]
 
 
+def test_the_loop_guard_streams_and_ends_looping_requests_in_real_vllm(
+    server, fixture_model_dir, tokenizer, prompts, local_records, tmp_path
+):
+    """The vllm engine streams (the loop guard's default; the test above compares those
+    records with the local engine's). A guard set to stop at any repeated bigram ends real
+    requests mid-answer: each such record is a prefix of the full answer, finish 'loop'; the
+    server goes on serving, and the same prompts unstreamed (loop_guard off) come back whole."""
+    url, _ = server
+    config = config_for(fixture_model_dir, url, "vllm")
+    hair_trigger = config.model_copy(
+        update={"generation": config.generation.model_copy(
+            update={"loop_ngram": 2, "loop_repeats": 2})}
+    )  # fmt: skip
+    (tmp_path / "guarded").mkdir()
+    records = generate(hair_trigger, tokenizer, prompts, tmp_path / "guarded")
+    looped = [r for r in records.values() if r.finish_reason == "loop"]
+    assert looped, [r.finish_reason for r in records.values()]
+    for record in looped:
+        full = local_records[record.sample_id].output_ids
+        assert len(record.output_ids) < len(full)
+        assert full[: len(record.output_ids)] == record.output_ids
+        assert record.raw["streamed"] and record.raw["loop"]["repeats"] == 2
+    unstreamed = config.model_copy(
+        update={"generation": config.generation.model_copy(update={"loop_guard": False})}
+    )
+    (tmp_path / "plain").mkdir()
+    plain = generate(unstreamed, tokenizer, prompts, tmp_path / "plain")
+    for sample_id, local in local_records.items():
+        assert plain[sample_id].output_ids == local.output_ids, sample_id
+        assert "streamed" not in plain[sample_id].raw
+
+
 def test_openai_text_rebuild_reads_like_the_tokens(
     server, fixture_model_dir, tokenizer, prompts, local_records
 ):

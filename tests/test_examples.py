@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from eaglet.config import load_config
-from eaglet.fixture.real_shape import QWEN3_SHAPES, qwen3_tokenizer_dir
+from eaglet.fixture.real_shape import QWEN3_SHAPES
+from eaglet.fixture.real_tokenizers import o200k_harmony_tokenizer, qwen3_tokenizer_dir
 from eaglet.hidden_states.budget import estimate_bytes
 from eaglet.preflight import (
     PreflightReport,
@@ -31,7 +32,6 @@ from eaglet.preflight import (
     preflight,
 )
 from eaglet.target import load_config as load_model_config
-from tests.real_tokenizers import o200k_harmony_tokenizer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -42,6 +42,9 @@ STAND_IN_CONFIGS: dict[str, dict] = {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
         **QWEN3_SHAPES["qwen3-8b"],
+        "vocab_size": 151936,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
     },
     "gpt-oss-20b-vllm.yaml": {
         "architectures": ["GptOssForCausalLM"],

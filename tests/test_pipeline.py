@@ -38,6 +38,11 @@ def test_demo_runs_every_stage_then_reruns_fully_cached(tmp_path):
     tau, untrained = report["evaluation"]["tau"], report["evaluation"]["untrained_tau"]
     assert tau > untrained + 0.5, (tau, untrained)
     assert 1 < report["evaluation"]["emitted_tau"] <= tau  # no credit past the stop
+    segments = report["evaluation"]["segments"]  # the fixture thinks, then answers
+    assert {"thinking", "answer"} <= set(segments), segments
+    rounds = sum(s["rounds"] for s in segments.values())
+    assert sum(s["rounds"] * s["tau"] for s in segments.values()) / rounds == pytest.approx(tau)
+    assert "thinking τ" in (work_dir / "run_report.md").read_text()
     draft_dir = Path(report["stages"]["train"]["path"]) / "draft"
     assert (draft_dir / "config.json").exists() and (draft_dir / "model.safetensors").exists()
 

@@ -63,6 +63,27 @@ def _copy_project(destination: Path) -> Path:
     return destination
 
 
+def _start_prefect_server(port: int, env: dict, log: Path) -> subprocess.Popen:
+    """`prefect server start` on `port`, once its API answers (stopped if it never does)."""
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    server = _start(
+        [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, log
+    )
+
+    def healthy():
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        _wait_for(healthy, 90, "the Prefect server")
+    except TimeoutError:
+        _stop(server)
+        raise
+    return server
+
+
 class RetryingTransport(httpx.HTTPTransport):
     """Retries 429, 502 and 503 as Prefect's own client does: a SQLite-backed server on a
     loaded machine answers 503 while its database is busy."""
@@ -102,22 +123,9 @@ def served(tmp_path_factory):
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_RUNNER_POLL_FREQUENCY": "1",
     }
-    prefect = str(Path(sys.executable).with_name("prefect"))
-    server = _start(
-        [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env,
-        home / "server.log",
-    )
+    server = _start_prefect_server(port, env, home / "server.log")
     runner = None
     try:
-
-        def healthy():
-            try:
-                return httpx.get(f"{api}/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        _wait_for(healthy, 90, "the Prefect server")
         runner = _start(
             [sys.executable, "-m", "eaglet_prefect.flows.cli", "serve"],
             {**env, "PYTHONPATH": str(project)},
@@ -128,7 +136,11 @@ def served(tmp_path_factory):
 
         def deployments():
             found = {d["name"]: d["id"] for d in client.post("/deployments/filter", json={}).json()}
-            return found if {"pipeline", "generate-only"} <= found.keys() else None
+            return (
+                found
+                if {"pipeline", "pipeline-short-form", "generate-only"} <= found.keys()
+                else None
+            )
 
         yield Served(client, _wait_for(deployments, 60, "the served deployments"), api, project)
     finally:
@@ -380,6 +392,22 @@ def _property(page, label: str, index: int = -1):
     )
 
 
+def _open_custom_run(page, base: str, deployment: str) -> None:
+    """The deployment's *Run* → *Custom run* form, once its parameters show."""
+    page.goto(f"{base}/deployments")
+    page.get_by_role("link", name=deployment).first.click()
+    page.wait_for_load_state("networkidle")
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.get_by_text("Custom run").first.click()
+    page.get_by_role("heading", name="Parameters").wait_for()
+
+
+def _none_choices(page):
+    """The "None" buttons Prefect's form puts beside an optional field's type (`int | None`:
+    a two-button group), which the short form avoids."""
+    return page.locator(".p-button-group__button", has_text=re.compile(r"^\s*None\s*$"))
+
+
 def _demo_files(project: Path, fixture_model_dir: Path, sample_data_dir: Path) -> None:
     """What the config form's defaults point at, relative to the served project: the fixture
     target in runs/demo/models/fixture and a few rows of each sample source in runs/demo/data."""
@@ -415,13 +443,9 @@ def test_run_with_changed_nested_config_fields_from_the_ui_form(
 
     with sync_playwright() as playwright:
         context, page = _browser(playwright, tmp_path, base)
-        page.goto(f"{base}/deployments")
-        page.get_by_role("link", name="generate-only").first.click()
-        page.wait_for_load_state("networkidle")
-        page.get_by_role("button", name="Run", exact=True).click()
-        page.get_by_text("Custom run").first.click()
-        page.get_by_role("heading", name="Parameters").wait_for()
+        _open_custom_run(page, base, "generate-only")
 
+        assert _none_choices(page).count() > 0  # the full form has them (what the short avoids)
         name = _property(page, "Name (Optional)", index=0).locator("textarea").first
         assert name.input_value() == "demo"  # the form shows the defaults
         name.fill("ui")
@@ -467,6 +491,64 @@ def test_run_with_changed_nested_config_fields_from_the_ui_form(
     manifest = json.loads((Path(generate["path"]) / "manifest.json").read_text())
     assert manifest["config"]["generation"]["max_tokens"] == 40
     assert "| generate | Completed |" in _artifact(client, run["id"], "run-report")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed")
+def test_the_short_form_runs_the_pipeline_from_a_few_fields(
+    served, tmp_path, fixture_model_dir, sample_data_dir
+):
+    """Headless Chromium opens the `pipeline-short-form` deployment's run form: ten fields,
+    none behind a toggle; it fills three (a base config file, epochs, the work dir) and the
+    run completes every stage with the base's settings and the two changes. Screenshot in
+    tests/artifacts/prefect-ui-short-form.png."""
+    import yaml
+    from playwright.sync_api import sync_playwright
+
+    base_file = tmp_path / "base.yaml"
+    base = _config(tmp_path, fixture_model_dir, sample_data_dir, "name=short")
+    base_file.write_text(yaml.safe_dump(base))
+    work_dir = tmp_path / "short-work"
+    client, deployment_id = served.client, served.deployments["pipeline-short-form"]
+    base_url = served.api.removesuffix("/api")
+    artifacts = ROOT / "tests" / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    labels = [  # Prefect titles a flow's parameters by their names
+        "target_model", "datasets", "engine", "endpoints", "served_model", "epochs",
+        "work_dir", "until", "refresh_from", "config_path",
+    ]  # fmt: skip
+
+    with sync_playwright() as playwright:
+        context, page = _browser(playwright, tmp_path, base_url)
+        _open_custom_run(page, base_url, "pipeline-short-form")
+        shown = page.locator("span.schema-form-property__label").all_inner_texts()
+        assert [label.split("(")[0].strip() for label in shown] == labels, shown
+        assert _none_choices(page).count() == 0  # no type/None choice anywhere
+        for label, value in (("config_path", base_file), ("work_dir", work_dir), ("epochs", 2)):
+            field = _property(page, label).locator("textarea, input").first
+            field.fill(str(value))
+            field.press("Tab")
+        page.screenshot(path=str(artifacts / "prefect-ui-short-form.png"), full_page=True)
+        page.get_by_role("button", name="Submit").click()
+        page.get_by_text("scheduled to start").last.wait_for()
+        context.close()
+
+    def submitted():
+        runs = client.post(
+            "/flow_runs/filter", json={"deployments": {"id": {"any_": [deployment_id]}}}
+        ).json()
+        return runs[0] if runs else None
+
+    run, tasks = _finished(client, _wait_for(submitted, 60, "the short form's run")["id"])
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    assert run["name"] == "pipeline[short]"
+    assert run["parameters"]["epochs"] == 2 and run["parameters"]["work_dir"] == str(work_dir)
+    assert _states(tasks, "short") == dict.fromkeys(STAGES, "Completed")
+    used = yaml.safe_load((work_dir / "config.yaml").read_text())
+    assert used["train"]["epochs"] == 2 and used["work_dir"] == str(work_dir)
+    assert used["generation"]["max_tokens"] == base["generation"]["max_tokens"]  # the base's
+    record = json.loads((work_dir / "run.json").read_text())
+    assert record["config_file"] == str(work_dir / "config.yaml")  # what the run really used
 
 
 @pytest.mark.browser

@@ -50,7 +50,10 @@ def test_the_readmes_ui_commands_start_a_lasting_server_and_serve_the_deployment
     started = time.monotonic()
     try:
         deployments: set[str] = set()
-        while time.monotonic() - started < 240 and not {"pipeline", "generate-only"} <= deployments:
+        while (
+            time.monotonic() - started < 240
+            and not {"pipeline", "pipeline-short-form", "generate-only"} <= deployments
+        ):
             assert shell.poll() is None, (tmp_path / "readme.log").read_text()[-3000:]
             try:
                 found = httpx.post(f"{API}/deployments/filter", json={}, timeout=5).json()
@@ -58,7 +61,9 @@ def test_the_readmes_ui_commands_start_a_lasting_server_and_serve_the_deployment
             except (httpx.HTTPError, ValueError):
                 pass
             time.sleep(1)
-        assert {"pipeline", "generate-only"} <= deployments, (tmp_path / "readme.log").read_text()
+        assert {"pipeline", "pipeline-short-form", "generate-only"} <= deployments, (
+            tmp_path / "readme.log"
+        ).read_text()
         time.sleep(max(0.0, 40 - (time.monotonic() - started)))  # past the 10-12 s it lasted
         assert httpx.get(f"{API}/health", timeout=10).status_code == 200, "the server died"
     finally:

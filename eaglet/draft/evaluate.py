@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -36,8 +37,15 @@ from eaglet.cpu_threads import apply_threads
 from eaglet.draft.checkpoint import aux_layer_ids as draft_aux_layer_ids
 from eaglet.draft.checkpoint import config_from_json, load_draft
 from eaglet.draft.model import Eagle3Draft, KVCache, ttt_attention_mask
+from eaglet.draft.segments import (
+    emitted_per_round,
+    round_segments,
+    segment_stats,
+    token_segments,
+)
 from eaglet.draft.serving import check_gap, emitted_tau, measure_served
 from eaglet.errors import NonFiniteError
+from eaglet.reasoning import ReasoningFormat
 from eaglet.stages import REPORT_FILE
 from eaglet.storage import write_json_atomic
 from eaglet.target import load_model
@@ -260,11 +268,13 @@ def _evaluate(
     aux_layer_ids: list[int],
     progress: Callable[[dict], None] | None,
     use_cache: bool = True,
+    segment_labels: Callable[[list[int]], list[str]] | None = None,  # output ids -> segments
 ) -> dict:
     t0 = time.time()
     embed = target.get_input_embeddings().weight
     draft = draft.to(device=target.device, dtype=embed.dtype).eval()
     rounds: list[int] = []
+    segment_rounds: list[tuple[str, int, int]] = []  # (segment, accepted, emitted) per round
     new_tokens, mismatched = 0, []
     for p, (prompt, reference) in enumerate(zip(prompts, references, strict=True)):
         try:
@@ -277,6 +287,13 @@ def _evaluate(
             mismatched.append(p)
         rounds += accepted
         new_tokens += len(out)
+        if segment_labels is not None and out:
+            segment_rounds += zip(
+                round_segments(out, accepted, segment_labels(out)),
+                accepted,
+                emitted_per_round(out, accepted),
+                strict=True,
+            )
         if progress is not None:
             progress({"tau": 1 + sum(rounds) / max(len(rounds), 1)})
     reached = [sum(n >= j for n in rounds) for j in range(k + 1)]  # reached[0] = rounds
@@ -299,6 +316,7 @@ def _evaluate(
         "mismatched_prompts": mismatched,
         "max_new_tokens": max_new_tokens,
         "aux_layer_ids": list(aux_layer_ids),
+        **({"segments": segment_stats(segment_rounds, k)} if segment_labels is not None else {}),
         "seconds": time.time() - t0,
     }
 
@@ -373,6 +391,7 @@ def evaluate_draft(
     untrained_seed: int | None = 0,
     every_k: bool = False,
     use_cache: bool = True,
+    reasoning_format: ReasoningFormat | None = None,
 ) -> dict:
     """tau and per-position acceptance of the draft in `draft_dir` (any export) on `prompts`
     (token ids), with k = `num_speculative_tokens`; with `every_k`, also tau for each k = 1..K
@@ -382,6 +401,9 @@ def evaluate_draft(
     With `untrained_seed`, the same evaluation of a fresh draft (the same config and vocab,
     weights drawn from the seed) is the baseline under `"untrained"`; the target is loaded,
     and its plain greedy reference decoded, once for both.
+
+    With `reasoning_format`, each pass also reports τ per segment (thinking, answer, tool)
+    under `"segments"` (`eaglet.draft.segments`), split from the output ids as extract does.
 
     `progress` is called after each prompt of each pass (the greedy references, the draft at
     k, at every other k, the untrained draft) with the pass's name, the prompts done of all
@@ -396,9 +418,12 @@ def evaluate_draft(
     passes = 2 + (num_speculative_tokens - 1 if every_k else 0) + (untrained_seed is not None)
     counter = EvaluationProgress(len(prompts) * passes, progress)
     references = _greedy_references(model, prompts, max_new_tokens, eos, use_cache, counter)
+    labels = None
+    if reasoning_format is not None:
+        labels = partial(token_segments, reasoning_format=reasoning_format, end_ids=eos)
     common = dict(
         target=model, prompts=prompts, references=references, max_new_tokens=max_new_tokens,
-        eos=eos, aux_layer_ids=aux_ids, use_cache=use_cache,
+        eos=eos, aux_layer_ids=aux_ids, use_cache=use_cache, segment_labels=labels,
     )  # fmt: skip
     k = num_speculative_tokens
     report = _evaluate(trained, k=k, progress=counter.callback(f"draft at k={k}"), **common)
@@ -436,14 +461,25 @@ def plot_acceptance(report: dict, path: Path) -> None:
         [x - width / 2 for x in xs],
         report["per_position_acceptance"],
         width,
+        color="0.55",
         label="accepted (all rounds)",
     )
     ax.bar(
         [x + width / 2 for x in xs],
         report["per_position_conditional_acceptance"],
         width,
+        color="0.8",
         label="accepted | previous accepted",
     )
+    colors = {"thinking": "tab:purple", "answer": "tab:green", "tool": "tab:orange"}
+    for segment, stats in report.get("segments", {}).items():
+        ax.plot(
+            xs,
+            stats["per_position_acceptance"],
+            marker="o",
+            color=colors.get(segment),
+            label=f"{segment}: tau {stats['tau']:.2f}, {stats['rounds']} rounds",
+        )
     ax.set(
         xlabel="draft position",
         ylabel="acceptance rate",
@@ -465,9 +501,11 @@ def evaluation_report(
     aux_layer_ids: list[int] | None,
     folder: Path,
     progress: Callable[[dict], None] | None = None,
+    reasoning_format: ReasoningFormat | None = None,
 ) -> dict:
     """The evaluate stage's report, written to `folder/report.json` (with `acceptance.png`):
-    offline tau of the draft (k = 1..K) beside an untrained draft's, and with
+    offline tau of the draft (k = 1..K) beside an untrained draft's, per segment (thinking,
+    answer, tool) where `reasoning_format` is given, and with
     `settings.serving == "vllm"` the tau vLLM's counters give for the same draft at the same k
     (server log in `folder`). A gap above `settings.max_serving_gap` raises `ServingGapError`
     after the report is written."""
@@ -475,6 +513,7 @@ def evaluation_report(
         draft_dir, target, prompts, num_speculative_tokens=settings.num_speculative_tokens,
         max_new_tokens=settings.max_new_tokens, eos_token_ids=eos_token_ids,
         aux_layer_ids=aux_layer_ids, untrained_seed=0, every_k=True, progress=progress,
+        reasoning_format=reasoning_format,
     )  # fmt: skip
     baseline = trained.pop("untrained")
     report = {
@@ -485,6 +524,7 @@ def evaluation_report(
         "emitted_tau": trained["emitted_tau"],
         "tau_by_k": trained["tau_by_k"],
         "untrained_tau": baseline["tau"],
+        "segments": trained.get("segments", {}),
     }
     served = None
     if settings.serving == "vllm":

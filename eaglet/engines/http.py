@@ -16,7 +16,10 @@ request per prompt. This module owns everything that is not the wire format of o
 - the API key, read from the environment variable the config names, sent as
   `Authorization: Bearer` and scrubbed from every message eaglet writes.
 
-A subclass says only what to send (`request_for`) and how to read the answer (`parse`).
+A subclass says only what to send (`request_for`) and how to read the answer (`parse`); one
+that streams (`streams()`: the vllm engine under the loop guard) also folds each server-sent
+event into its state (`read_stream_chunk`) and builds the record at the end (`finish_stream`)
+or when the loop guard stops the answer (`looped`); the same retries apply to a stream.
 The HTTP library is httpx2 (httpx's API): on one client core it sustains ~1.4x the requests/s
 of httpx 0.28.1 at ~0.7x the CPU per request (benchmarks/generation.py). Each endpoint gets
 several small clients rather than one big one: a client's pool scans all its connections on
@@ -44,6 +47,7 @@ from eaglet.config import PipelineConfig
 from eaglet.engines.base import SamplingParams
 from eaglet.errors import is_transient_status
 from eaglet.generation import Failure
+from eaglet.loop_guard import LoopDetector
 from eaglet.records.generations import Generation
 from eaglet.records.prompts import Prompt
 
@@ -263,6 +267,22 @@ class HTTPEngine:
         """The record for a 200 answer; MalformedResponse / RetryableResponse otherwise."""
         raise NotImplementedError
 
+    def streams(self) -> bool:
+        """Whether requests stream their answer (the loop guard reads ids as they come)."""
+        return False
+
+    def read_stream_chunk(self, chunk: dict[str, Any], state: dict[str, Any]) -> list[int]:
+        """Fold one streamed JSON event into `state`; return the output ids it adds."""
+        raise NotImplementedError
+
+    def finish_stream(self, prompt: Prompt, state: dict[str, Any]) -> Generation:
+        """The record of a stream that ended (MalformedResponse if it ended unfinished)."""
+        raise NotImplementedError
+
+    def looped(self, prompt: Prompt, state: dict[str, Any], detector: LoopDetector) -> Generation:
+        """The record of an answer the loop guard stopped: its ids so far, finish 'loop'."""
+        raise NotImplementedError
+
     def on_client_error(self, status: int, message: str) -> bool:
         """Called on a non-retried 4xx; return True after changing what `request_for` sends
         to try once more (e.g. drop a field the server does not know)."""
@@ -372,7 +392,10 @@ class HTTPEngine:
         endpoint.loads[shard] += 1
         try:
             async with asyncio.timeout(timeout_s):
-                response = await endpoint.clients[shard].post(path, json=payload)
+                client = endpoint.clients[shard]
+                if self.streams():
+                    return await self._stream_once(client, path, payload, prompt, where)
+                response = await client.post(path, json=payload)
         except TimeoutError:
             return _Outcome(message=f"no answer from {where} within {timeout_s:g} s", retry=True)
         except self.http.TimeoutException as exc:
@@ -384,15 +407,68 @@ class HTTPEngine:
         finally:
             endpoint.outstanding -= 1
             endpoint.loads[shard] -= 1
-        status = response.status_code
-        if status == 200:
+        if response.status_code == 200:
             return self._read_success(prompt, response.content, where)
+        return self._refused(response, where)
+
+    def _refused(self, response: Any, where: str) -> _Outcome:
+        """The outcome of a non-200 answer (its body read)."""
+        status = response.status_code
         message = f"HTTP {status} from {where}: {server_message(response.content)}"
         if status == 429:
             wait = retry_after_seconds(response.headers.get("retry-after"))
             wait = None if wait is None else min(wait, RETRY_AFTER_CAP_S)
             return _Outcome(status=status, message=message, retry=True, wait_s=wait)
         return _Outcome(status=status, message=message, retry=is_transient_status(status))
+
+    async def _stream_once(
+        self, client: Any, path: str, payload: dict[str, Any], prompt: Prompt, where: str
+    ) -> _Outcome:
+        """One streamed request: server-sent events read as they come, the loop guard fed
+        each one's ids; a looping answer ends the request (leaving the stream closes the
+        connection, and the server aborts the request)."""
+        gen = self.config.generation
+        detector = LoopDetector(gen.loop_ngram, gen.loop_repeats)
+        state: dict[str, Any] = {}
+        start = ""  # the stream's first characters, for a malformed one's message
+        first: dict[str, Any] | None = None  # the first event with an answer, for the canary
+        async with client.stream("POST", path, json=payload) as response:
+            if response.status_code != 200:
+                await response.aread()
+                return self._refused(response, where)
+            try:
+                async for line in response.aiter_lines():
+                    if len(start) < 200:
+                        start += line[: 200 - len(start)]
+                    data = line[len("data:") :].strip() if line.startswith("data:") else None
+                    if not data:
+                        continue  # blank lines between events, comments
+                    if data == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    if not isinstance(chunk, dict):
+                        raise MalformedResponse(f"expected a JSON object, got {chunk!r:.80}")
+                    first = first or (chunk if chunk.get("choices") else None)
+                    if detector.feed(self.read_stream_chunk(chunk, state)):
+                        generation = self.looped(prompt, state, detector)
+                        return self._success(generation, first or state)
+                generation = self.finish_stream(prompt, state)
+            except RetryableResponse as exc:
+                return _Outcome(status=200, message=f"{where}: {exc}", retry=True)
+            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                return _Outcome(
+                    status=200,
+                    message=f"malformed answer from {where}: {_describe(exc)}; "
+                    f"stream starts {start!r}",
+                    retry=True,
+                    malformed=True,
+                )
+        return self._success(generation, first or state)
+
+    def _success(self, generation: Generation, body: dict[str, Any]) -> _Outcome:
+        if self.sample_response is None:
+            self.sample_response = body
+        return _Outcome(generation=generation)
 
     def _read_success(self, prompt: Prompt, content: bytes, where: str) -> _Outcome:
         try:
@@ -410,9 +486,7 @@ class HTTPEngine:
                 retry=True,
                 malformed=True,
             )
-        if self.sample_response is None:
-            self.sample_response = body
-        return _Outcome(generation=generation)
+        return self._success(generation, body)
 
     def scrub(self, text: str) -> str:
         """`text` with the API key replaced, for anything eaglet writes or logs."""

@@ -7,7 +7,8 @@ from typing import Any, Literal
 from eaglet.records.io import Record
 from eaglet.records.prompts import Prompt
 
-FinishReason = Literal["stop", "length", "error"]
+# "loop": the loop guard ended a repeating answer (eaglet.loop_guard)
+FinishReason = Literal["stop", "length", "loop", "error"]
 
 
 class Generation(Record):

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from eaglet.config import PipelineConfig
 from eaglet.draft.evaluate import evaluation_report
+from eaglet.draft.segments import segments_text
 from eaglet.progress import Throttle
+from eaglet.reasoning import detect_format
 from eaglet.records.io import read_jsonl
 from eaglet.records.prompts import Prompt
 from eaglet.split import is_heldout
@@ -41,7 +43,12 @@ def run(
     heldout = heldout_prompts(config, inputs["prompts"])
     # The vLLM export; layer ids from the draft's own config: what a server reads.
     draft_dir = stage_dir(config.work_dir, inputs["draft"]) / DRAFT_FOLDER
-    eos = end_token_ids(config.target, load_tokenizer(config.target))
+    tokenizer = load_tokenizer(config.target)
+    eos = end_token_ids(config.target, tokenizer)
+    # τ per segment (thinking, answer, tool), split from output ids as extract splits them
+    reasoning_format = detect_format(
+        tokenizer, config.reasoning.format, config.tokenize.chat_template_kwargs
+    )
     throttle = Throttle()
 
     def progress(update: dict) -> None:
@@ -53,8 +60,9 @@ def run(
             )
 
     report = evaluation_report(
-        config.evaluate, config.target, draft_dir, heldout, eos, None, folder, progress
-    )
+        config.evaluate, config.target, draft_dir, heldout, eos, None, folder, progress,
+        reasoning_format,
+    )  # fmt: skip
     publish(ctx, report, len(heldout), config.evaluate.num_speculative_tokens, folder)
     trained, served = report["draft"], report.get("served")
     return StageOutput(
@@ -63,6 +71,10 @@ def run(
             "tau": trained["tau"],
             "emitted_tau": trained["emitted_tau"],
             "untrained_tau": report["untrained"]["tau"],
+            "segments": {
+                name: {"tau": seg["tau"], "rounds": seg["rounds"]}
+                for name, seg in report["segments"].items()
+            },
             **({"served_tau": served["tau"]} if served is not None else {}),
         },
     )
@@ -82,6 +94,9 @@ def publish(
     )
     if served is not None:
         line += f"; served by vLLM: tau {served['tau']:.3f} (gap {report['serving_gap']:.3f})"
+    segments = report.get("segments", {})
+    if segments:
+        line += "; by segment: " + segments_text(segments)
     ctx.info(line)
     by_k = ", ".join(f"k={k}: {tau:.3f}" for k, tau in report["tau_by_k"].items())
     ctx.markdown(
@@ -90,6 +105,18 @@ def publish(
         f"Report: `{final_path(folder / REPORT_FILE)}`",
         "acceptance length tau of the trained draft against an untrained one",
     )
+    if segments:
+        ctx.table(
+            "acceptance-by-segment",
+            [
+                {"segment": name, "rounds": seg["rounds"], "tau": round(seg["tau"], 3),
+                 "emitted_tau": round(seg["emitted_tau"], 3),
+                 "acceptance_rate": round(seg["acceptance_rate"], 3)}
+                for name, seg in segments.items()
+            ],
+            "tau of the trained draft by where the verified position lies: thinking, answer "
+            "or tool-call tokens (each round counts for the segment of its first draft)",
+        )  # fmt: skip
     ctx.table(
         "acceptance-per-position",
         [

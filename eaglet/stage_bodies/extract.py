@@ -25,14 +25,14 @@ def quality_markdown(report: dict) -> str:
     lines = [
         f"# Data quality ({report['reasoning_format']})",
         "",
-        "| source | records | reasoning captured | thinking in content | truncated | "
+        "| source | records | reasoning captured | thinking in content | truncated | looped | "
         "reasoning share | p50 tokens | template mismatches | server text disagrees |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for source, f in report["per_source"].items():
         lines.append(
             f"| {source} | {f['records']} | {percent(f['reasoning_capture_rate'])} | "
-            f"{f['thinking_in_content']} | {f['truncation_rate']:.1%} | "
+            f"{f['thinking_in_content']} | {f['truncation_rate']:.1%} | {f.get('looped', 0)} | "
             f"{f['reasoning_token_share']:.1%} | {f['sequence_tokens'].get('p50', 0):.0f} | "
             f"{f['template_mismatches']} ({f['prompt_template_mismatches']} in the prompt) | "
             f"{f['server_reasoning_disagreements']} |"
@@ -40,8 +40,10 @@ def quality_markdown(report: dict) -> str:
     lines += [
         "",
         "Reasoning captured: of the records not truncated, those whose reasoning was split "
-        "out and closed. A template mismatch: a turn the chat template renders otherwise than "
-        "the ids trained on (in the prompt: the configured template did not make the prompt). "
+        "out and closed. Looped: answers the loop guard stopped (generation.loop_guard; "
+        "examples only with reasoning.looped_rows: keep). A template mismatch: a turn the "
+        "chat template renders otherwise than the ids trained on (in the prompt: the "
+        "configured template did not make the prompt). "
         "Each template mismatch is in `template_mismatches.jsonl`; each disagreement between a "
         "server's text and the token split, with both texts, in `server_disagreements.jsonl`.",
     ]
@@ -68,6 +70,7 @@ def run(
         reasoning_format=reasoning_format,
         end_ids=set(end_token_ids(target, tokenizer)),
         chat_template_kwargs=config.tokenize.chat_template_kwargs,
+        looped_rows=config.reasoning.looped_rows,
     )
     ctx.markdown(
         "data-quality",

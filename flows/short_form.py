@@ -1,0 +1,75 @@
+"""The short form of the pipeline for the Prefect UI: the few settings most runs change, over a
+base config (`eaglet.short_form`), then the same stages as the `pipeline` flow."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from prefect import flow
+from prefect.runtime import flow_run
+from pydantic import Field
+
+from eaglet.config import load_config
+from eaglet.short_form import EngineChoice, ShortFormDataset, short_form_overrides
+from eaglet.stages import STAGES, StageName
+from eaglet_prefect.flows.pipeline import run_label, run_stages, start_run
+
+RefreshFrom = Literal[("",) + STAGES]  # type: ignore[valid-type]  # "": reuse every stage
+
+
+def short_form_run_name() -> str:
+    """`pipeline[<config name>]`, as the pipeline flow names its runs."""
+    parameters = dict(flow_run.parameters)
+    try:
+        name = load_config(parameters.get("config_path") or None).name
+    except ValueError:  # the flow itself reports the bad config
+        name = "?"
+    return run_label(name, parameters)
+
+
+@flow(name="eaglet-pipeline-short-form", flow_run_name=short_form_run_name, log_prints=True)
+def short_form(
+    target_model: str = "",
+    datasets: list[ShortFormDataset] = [],  # noqa: B006 - a form default, never mutated
+    engine: EngineChoice = "",
+    endpoints: list[str] = [],  # noqa: B006
+    served_model: str = "",
+    epochs: Annotated[int, Field(ge=0, le=1000)] = 0,
+    work_dir: str = "",
+    until: StageName = "evaluate",
+    refresh_from: RefreshFrom = "",
+    config_path: str = "",
+) -> dict:
+    """The pipeline with the settings most runs change; blank keeps the base config's.
+
+    Args:
+        target_model: Hugging Face id or local folder of the target model. Blank: the base
+            config's (the demo's fixture model).
+        datasets: The prompt datasets (source tag, path or hub id, row limit). Empty: the base
+            config's (the demo's three sample files).
+        engine: How answers are generated: local (in this process), vllm, sglang or openai
+            (an OpenAI-compatible server). Blank: the base config's (local).
+        endpoints: Base URLs of the inference servers for vllm, sglang and openai, such as
+            http://10.0.0.5:8000. Empty: the base config's.
+        served_model: The model name the server expects (HTTP engines). Blank: the base
+            config's.
+        epochs: Training epochs. 0: the base config's. Range: 0 to 1000.
+        work_dir: The folder of every stage's output and cache; a rerun into the same folder
+            reuses each finished stage. Blank: the base config's (runs/demo).
+        until: The last stage to run (download, tokenize, generate, extract, hidden_states,
+            train, evaluate).
+        refresh_from: Run this stage and every one after it again even when their inputs and
+            code are unchanged. Blank: reuse every finished stage.
+        config_path: A YAML config file on the machine that runs the flow, the base the fields
+            above change. Blank: the demo's defaults. Every setting is also in the form of
+            the `pipeline` deployment.
+    """
+    start_run()
+    overrides = short_form_overrides(
+        target_model, datasets, engine, endpoints, served_model, epochs, work_dir
+    )
+    config = load_config(config_path or None, overrides)
+    print("short form over " + (config_path or "the demo's defaults") + ": " + " ".join(overrides))
+    # the run's own WORK_DIR/config.yaml is its config file once the form changed the base
+    config_file = None if overrides else (config_path or None)
+    return run_stages(config, config_file, until, refresh_from or None, False)

@@ -1,0 +1,91 @@
+"""The loop guard (eaglet/loop_guard.py): the detector, the vllm engine's streamed requests
+against the stand-in server (tests/fake_servers.py) with looping prompts, and extract's
+`reasoning.looped_rows`. Against real vLLM: tests/test_engines_vllm.py."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from eaglet.loop_guard import LoopDetector, first_loop
+from eaglet.records.generations import Generation
+from eaglet.records.io import read_jsonl
+from tests.engine_helpers import TOKENIZER, collect, engine_for, make_config, make_prompt
+from tests.fake_servers import FakeServer, serve
+from tests.test_extract import _gate_report, _setup, _variants
+
+
+def test_a_repeated_paragraph_is_caught_after_the_set_number_of_rounds():
+    paragraph = list(range(100, 150))  # 50 tokens
+    answer = list(range(10)) + paragraph * 20
+    # each 8-gram inside the paragraph is seen once per round: the 3rd round completes the
+    # first 8-gram's third occurrence
+    stop = first_loop(answer, ngram=8, repeats=3)
+    assert stop == 10 + 2 * 50 + 8
+    assert first_loop(answer, ngram=8, repeats=21) is None  # never 21 times
+    detector = LoopDetector(8, 3)
+    assert not detector.feed(answer[: stop - 1]) and detector.feed(answer[stop - 1 : stop])
+    assert detector.evidence()["repeated_ids"] == paragraph[:8]
+    assert detector.feed([1, 2, 3])  # stays looping
+
+
+def test_ordinary_answers_are_not_stopped():
+    rng = random.Random(0)
+    assert first_loop([rng.randrange(50_000) for _ in range(20_000)], 32, 8) is None
+    # a short refrain (a list's bullet, a table's separator) repeated is not a loop of 32
+    refrain = [7, 8, 9]
+    text = [t for i in range(500) for t in (refrain + [1000 + i] * 2)]
+    assert first_loop(text, 32, 8) is None
+
+
+def test_the_vllm_engine_stops_looping_answers_and_keeps_the_others_token_exact():
+    server = FakeServer(TOKENIZER, loop_share=0.5, token_delay_s=0.0005)
+    prompts = [make_prompt(i) for i in range(12)]
+    looping = {p.sample_id for p in prompts if server.loops(p.prompt_ids)}
+    assert 0 < len(looping) < 12
+    with serve(server) as url:
+        guarded = collect(engine_for(make_config([url], max_tokens=600)), prompts)
+        spent_guarded = server.generated_tokens
+        server.generated_tokens = 0
+        plain = collect(engine_for(make_config([url], max_tokens=600, loop_guard=False)), prompts)
+        spent_plain = server.generated_tokens
+    by_id = {g.sample_id: g for g in plain}
+    assert all(isinstance(g, Generation) for g in guarded + plain)
+    assert all(not server.log[i]["body"].get("stream") for i in range(12, 24))
+    for record in guarded:
+        full = by_id[record.sample_id]
+        if record.sample_id in looping:
+            assert record.finish_reason == "loop" and full.finish_reason == "length"
+            assert full.output_ids[: len(record.output_ids)] == record.output_ids  # a prefix
+            assert len(record.output_ids) < 600 // 2
+            assert record.raw["loop"]["ngram"] == 32 and record.raw["streamed"] is True
+        else:
+            assert (record.output_ids, record.finish_reason) == (full.output_ids, "stop")
+            assert record.token_exact and record.raw["text"] == full.raw["text"]
+    # the server stopped generating each looping answer once its request ended
+    assert spent_guarded < 0.6 * spent_plain, (spent_guarded, spent_plain)
+
+
+def test_extract_drops_looped_rows_or_keeps_them_and_counts_them(tmp_path):
+    tokenizer, reasoning_format, prompt, end_ids = _setup()
+    generations = _variants(prompt, tokenizer, 3) + _variants(
+        prompt, tokenizer, 1, finish_reason="loop", sample_id="looped-1"
+    )
+    dropped = _gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
+    examples = [json.loads(line) for line in (tmp_path / "examples.jsonl").open()]
+    assert [e["sample_id"] for e in examples] == ["g0", "g1", "g2"]
+    assert dropped["looped"] == 1 and dropped["records"] == 3
+    assert dropped["per_source"]["chat"]["looped"] == 1
+    assert dropped["example_ids_by_flag"]["looped"] == ["looped-1"]
+    assert dropped["reasoning_capture_rate"] == 1.0
+
+    from eaglet.extract import write_examples
+    from eaglet.records.examples import Example
+
+    kept = write_examples(
+        tmp_path / "generations.jsonl", [tmp_path / "prompts.jsonl"], tmp_path, tokenizer,
+        reasoning_format, end_ids, {}, looped_rows="keep",
+    )  # fmt: skip
+    examples = {e.sample_id: e for e in read_jsonl(tmp_path / "examples.jsonl", Example)}
+    assert "looped" in examples["looped-1"].flags and kept["records"] == 4
+    assert kept["looped"] == 1 and kept["reasoning_capture_rate"] == 1.0  # judged apart
