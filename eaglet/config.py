@@ -484,12 +484,27 @@ class TrainConfig(_Strict):
         "hidden states during training (never at evaluation), as EAGLE trains its drafts to "
         "tolerate the target's numeric noise; 0 = none (speculators 0.9.0 adds none).",
     )
-    keep_best: bool = Field(
-        False,
-        description="At each epoch's end, measure the TTT loss on the held-out samples "
-        "(holdout_fraction) and export the epoch where it was lowest, as speculators keeps its "
-        "best checkpoint; the held-out loss per epoch is in the train summary. Offline hidden "
-        "states only.",
+    keep_best: Literal["off", "loss", "tau"] = Field(
+        "off",
+        description="Export the epoch that was best on the held-out samples (holdout_fraction), "
+        "measured at each epoch's end: loss = the lowest TTT loss (as speculators keeps its "
+        "best checkpoint); tau = the highest acceptance length of the evaluator (vLLM's rounds, "
+        "greedy, k = ttt_length) on keep_best_prompts held-out prompts, the loaded target "
+        "checking the draft (the loss can keep falling while tau drops). Per epoch, both are "
+        "in the train summary. Offline hidden states only. (true = loss, false = off.)",
+    )
+    keep_best_prompts: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="With keep_best: tau, the held-out prompts the draft is evaluated on at each "
+        "epoch's end (the first ones of the held-out samples).",
+    )
+    keep_best_max_new_tokens: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="With keep_best: tau, the tokens generated per held-out prompt.",
     )
     intermediate_size: int | None = Field(
         None, ge=1, description="Draft MLP width; None = the target's, as published drafts do."
@@ -611,14 +626,20 @@ class TrainConfig(_Strict):
         "each when the trainer needs it.",
     )
 
+    @field_validator("keep_best", mode="before")
+    @classmethod
+    def _keep_best_from_a_switch(cls, value: Any) -> Any:
+        """The earlier switch: true kept the lowest held-out loss."""
+        return {True: "loss", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
     @model_validator(mode="after")
     def _keep_best_needs_held_out_shards(self) -> TrainConfig:
-        if self.keep_best and self.hidden_states != "offline":
+        if self.keep_best != "off" and self.hidden_states != "offline":
             raise ValueError(
                 "train.keep_best reads the held-out samples' features from the offline shards: "
-                "set train.hidden_states=offline, or train.keep_best=false"
+                "set train.hidden_states=offline, or train.keep_best=off"
             )
-        if self.keep_best and self.holdout_fraction == 0:
+        if self.keep_best != "off" and self.holdout_fraction == 0:
             raise ValueError("train.keep_best needs held-out samples: train.holdout_fraction > 0")
         return self
 
@@ -629,6 +650,24 @@ class EvaluateConfig(_Strict):
     )
     max_new_tokens: int = Field(128, ge=1, description="Tokens generated per held-out prompt.")
     max_prompts: int = Field(24, ge=1, description="Held-out prompts evaluated.")
+    temperature: float = Field(
+        0.0,
+        ge=0.0,
+        le=2.0,
+        description="Also measure tau with the target sampled at this temperature (0 = greedy "
+        "only): a greedy draft verified by vLLM's rejection rule, as a sampling server accepts "
+        "it; greedy tau overstates that. The served check (serving: vllm) then samples too.",
+    )
+    top_p: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Top-p of the sampled target when temperature > 0 (Qwen3 with thinking: "
+        "temperature 0.6, top_p 0.95).",
+    )
+    sampling_seed: int = Field(
+        0, ge=0, description="Seed of the sampled evaluation's draws (and the served requests')."
+    )
     serving: Literal["none", "vllm"] = Field(
         "none",
         description="Also measure tau inside a real serving engine: vllm = serve the target with "
@@ -658,8 +697,9 @@ class EvaluateConfig(_Strict):
     max_serving_gap: float = Field(
         0.25,
         ge=0.0,
-        description="Largest |served tau - offline tau| at the same k before the stage fails "
-        "(greedy float32 on the fixture draft: 0.01-0.02).",
+        description="Largest |served tau - offline tau| at the same k (and temperature) before "
+        "the stage fails (greedy float32 on the fixture draft: 0.01-0.02; sampled tau is a "
+        "draw: leave room for its noise).",
     )
 
     @model_validator(mode="after")

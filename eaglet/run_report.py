@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from eaglet.config import PipelineConfig, resolve_paths
+from eaglet.draft.sampled import sampled_text
 from eaglet.draft.segments import segments_text
 from eaglet.stages import FAILED_FILE, STAGES
 from eaglet.storage import ManifestError, read_manifest, write_json_atomic
@@ -259,6 +260,8 @@ def key_figures(stage: str, manifest: dict[str, Any]) -> str:
         text = f"τ {tau:.3f} trained vs {untrained:.3f} untrained"
         if info.get("segments"):
             text += "; " + segments_text(info["segments"], symbol="τ")
+        if info.get("sampled"):
+            text += "; " + sampled_text(info["sampled"], symbol="τ")
         return text
     return ""
 

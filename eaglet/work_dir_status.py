@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eaglet.draft.sampled import sampled_summary
 from eaglet.stages import EXAMPLES_FILE, QUALITY_FILE, REPORT_FILE, STAGES
 from eaglet.storage import PARTIAL_SUFFIX, Manifest, ManifestError, read_manifest, verify_files
 
@@ -125,6 +126,8 @@ def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
             "prompts": report["prompts"],
             "per_position_acceptance": report["draft"].get("per_position_acceptance", []),
             "segments": report.get("segments", {}),
+            **({"sampled": sampled_summary(report["sampled"])} if "sampled" in report else {}),
+            **({"served_tau": report["served_tau"]} if "served_tau" in report else {}),
         }
     return {
         "work_dir": str(work_dir.resolve()),

@@ -18,6 +18,7 @@ from typing import Any
 
 from eaglet import work_dir_lock
 from eaglet.config import ConfigError, PipelineConfig, load_config
+from eaglet.draft.sampled import sampled_text
 from eaglet.draft.segments import segments_text
 from eaglet.fixture.demo import ensure_demo_inputs
 from eaglet.fixture.real_shape import SHAPES as REAL_SHAPES
@@ -265,6 +266,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         )
         if e.get("segments"):
             print(f"  by segment: {segments_text(e['segments'])}")
+        if e.get("sampled"):
+            print(f"  {sampled_text(e['sampled'])}")
     return 0
 
 

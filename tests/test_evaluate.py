@@ -12,6 +12,7 @@ from eaglet.config import TargetConfig
 from eaglet.draft.checkpoint import load_draft
 from eaglet.draft.evaluate import evaluate_draft, greedy_generate, load_target, speculative_generate
 from eaglet.draft.export import SGLANG_FOLDER, SPECULATORS_FOLDER, write_exports
+from eaglet.draft.rejection import Sampling
 from tests import test_train_eval
 from tests.test_train_eval import AUX_IDS, random_prompts
 
@@ -49,13 +50,13 @@ def test_no_round_runs_once_the_targets_own_token_stops_the_output(trained, worl
         plain = greedy_generate(target, prompt, 12, set())
         args = (target, draft, embed, prompt, 3)
         # the target's first token is the stop: the prefill emits it, no round follows
-        assert speculative_generate(*args, 12, {plain[0]}, AUX_IDS) == ([plain[0]], [])
+        assert speculative_generate(*args, 12, {plain[0]}, AUX_IDS)[:2] == ([plain[0]], [])
         # one token asked for: the prefill's
-        assert speculative_generate(*args, 1, set(), AUX_IDS) == ([plain[0]], [])
+        assert speculative_generate(*args, 1, set(), AUX_IDS)[:2] == ([plain[0]], [])
         # a stop that is some round's bonus token (the target's, not a draft's) ends the output
         # there: no round after it, so every round but the last emits its n + 1 tokens
         stop = plain[5]
-        out, rounds = speculative_generate(*args, 12, {stop}, AUX_IDS)
+        out, rounds, _ = speculative_generate(*args, 12, {stop}, AUX_IDS)
         assert out == plain[: plain.index(stop) + 1]
         assert sum(n + 1 for n in rounds[:-1]) < len(out) - 1 <= sum(n + 1 for n in rounds)
 
@@ -127,3 +128,25 @@ def test_progress_counts_every_pass_to_its_total_with_an_eta(trained, world):
         "greedy references", "draft at k=3", "draft at k=1", "draft at k=2", "untrained draft"
     ]  # fmt: skip
     assert updates[5]["tau"] == pytest.approx(report["tau"])  # the k=3 pass's last prompt
+
+
+def test_sampling_at_a_vanishing_temperature_is_greedy_and_at_one_accepts_less(trained, world):
+    """Sampled at T -> 0 the target's draws are its argmax: the same rounds as greedy. At T = 1
+    a draft trained on greedy answers is accepted less; the realised and the expected accepted
+    counts agree, and a seed repeats its draws."""
+    args = (world / "run" / "draft", world / "target", random_prompts(4, seed=7))
+    kwargs = dict(num_speculative_tokens=3, max_new_tokens=32, device="cpu", untrained_seed=None)
+    cold = evaluate_draft(*args, **kwargs, sampling=Sampling(1e-4))
+    sampled = cold["sampled"]
+    for key in ("tau", "num_rounds", "new_tokens", "per_position_acceptance"):
+        assert sampled[key] == cold[key], key
+    assert sampled["expected_tau"] == pytest.approx(cold["tau"], abs=1e-3)
+    assert sampled["outputs_match_greedy"] is None and cold["outputs_match_greedy"]
+    assert sampled["temperature"] == 1e-4 and "rejection sampling" in sampled["draft_sampling"]
+
+    warm = evaluate_draft(*args, **kwargs, sampling=Sampling(1.0), sampling_seed=1)["sampled"]
+    print(f"greedy {cold['tau']:.3f}; T=1 {warm['tau']:.3f} (expected {warm['expected_tau']:.3f})")
+    assert 1.0 <= warm["tau"] < cold["tau"]
+    assert warm["tau"] == pytest.approx(warm["expected_tau"], abs=0.3)
+    again = evaluate_draft(*args, **kwargs, sampling=Sampling(1.0), sampling_seed=1)["sampled"]
+    assert again["tau"] == warm["tau"] and again["new_tokens"] == warm["new_tokens"]

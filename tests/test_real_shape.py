@@ -87,6 +87,10 @@ def run_pipeline(model: Path, sample_data_dir: Path, tmp_path: Path) -> tuple[st
         "train.holdout_fraction=0.25",
         "evaluate.max_prompts=2",
         "evaluate.max_new_tokens=8",
+        # served as Qwen3 recommends with thinking: tau sampled beside greedy, top-p over the
+        # whole real vocabulary
+        "evaluate.temperature=0.6",
+        "evaluate.top_p=0.95",
     ]
     args = ["run", "/dev/null", *[x for o in overrides for x in ("--set", o)]]
     result = run_cli(args, cwd=tmp_path)
@@ -99,6 +103,9 @@ def run_pipeline(model: Path, sample_data_dir: Path, tmp_path: Path) -> tuple[st
     generate = report["stages"]["generate"]["counts"]
     assert generate["records"] == 9 and generate["truncated"] == 9
     assert report["evaluation"]["tau"] >= 1.0
+    sampled = report["evaluation"]["sampled"]
+    assert (sampled["temperature"], sampled["top_p"]) == (0.6, 0.95) and sampled["tau"] >= 1.0
+    assert "sampled at T=0.6, top_p 0.95: tau" in result.stdout + result.stderr
     (draft,) = (work_dir / "train").glob("*/draft/config.json")
     return result.stdout + result.stderr, report, json.loads(draft.read_text())
 

@@ -52,7 +52,22 @@ FIGURES = {
             "feature_bytes_saved_storage": "int8",
         },
     ),
-    "evaluate": StageOutput({"records": 2}, {"tau": 2.25, "untrained_tau": 1.0}),
+    "evaluate": StageOutput(
+        {"records": 2},
+        {
+            "tau": 2.25,
+            "untrained_tau": 1.0,
+            "sampled": {
+                "temperature": 0.6,
+                "top_p": 0.95,
+                "tau": 1.875,
+                "expected_tau": 1.9,
+                "emitted_tau": 1.8,
+                "num_rounds": 40,
+                "draft_sampling": "greedy draft",
+            },
+        },
+    ),
 }
 
 
@@ -116,6 +131,9 @@ def test_report_of_a_finished_run_gives_state_records_seconds_figures_and_folder
     assert "final loss 2.5000 (first 6.2500)" in figures(report, "train")
     assert "online hidden states, 0 B stored (3.0 MiB of int8 shards saved)" in report
     assert "τ 2.250 trained vs 1.000 untrained" in figures(report, "evaluate")
+    assert "sampled at T=0.6, top_p 0.95: τ 1.875 (expected 1.900, 40 rounds)" in figures(
+        report, "evaluate"
+    )
     assert "2 duplicates dropped" in figures(report, "download")
     assert "failed" not in report.split("\n", 3)[2]  # the summary line
 

@@ -20,13 +20,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from eaglet.config import EvaluateConfig, TargetConfig, load_config
 from eaglet.draft.evaluate import evaluate_draft, evaluation_report
 from eaglet.draft.export import SPECULATORS_FOLDER
+from eaglet.draft.rejection import verify
 from eaglet.draft.serving import ServingGapError, served_acceptance, speculative_config
 from eaglet.records.io import read_jsonl
 from eaglet.records.prompts import Prompt
@@ -130,6 +133,91 @@ def test_pipeline_draft_evaluates_from_its_folder_alone(run):
         max_new_tokens=48, eos_token_ids=run["eos"], untrained_seed=None, every_k=False,
     )  # fmt: skip
     assert report["tau"] == pytest.approx(run["report"]["tau"])
+
+
+# vLLM's rejection sampler on one batch: every request drafts 0, 1, 2 against the distributions
+# below (already at temperature, as `apply_sampling_constraints` leaves them); prints per
+# position the share of requests whose draft was accepted there.
+VLLM_REJECTION = """
+import json, sys, torch
+from vllm.platforms import current_platform
+current_platform.import_kernels()
+current_platform.register_triton_kernel_overrides()
+import vllm.v1.sample.rejection_sampler as rs
+from vllm.v1.sample.metadata import SamplingMetadata
+rows, batch = torch.tensor(json.loads(sys.argv[1])), int(sys.argv[2])
+k = rows.shape[0] - 1
+torch.manual_seed(0)
+metadata = SamplingMetadata(
+    temperature=torch.ones(batch), all_greedy=False, all_random=True, top_p=None, top_k=None,
+    generators={}, max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
+    frequency_penalties=None, presence_penalties=None, repetition_penalties=None,
+    output_token_ids=[[] for _ in range(batch)], allowed_token_ids_mask=None,
+    bad_words_token_ids={}, logitsprocs=None, logprob_token_ids=None, spec_token_ids=None,
+    thinking_budget_state_holder=None,
+)
+out = rs.rejection_sample(
+    torch.arange(k, dtype=torch.int32).repeat(batch).contiguous(), [k] * batch, k,
+    torch.arange(1, batch + 1, dtype=torch.int32) * k, None,
+    rows[:k].log().repeat(batch, 1).contiguous(), torch.full((batch, 1), k, dtype=torch.int32),
+    metadata,
+)
+print(json.dumps([(out[:, j] == j).float().mean().item() for j in range(k)]))
+"""
+
+
+def test_eaglets_rejection_rule_accepts_as_vllms_own_sampler_does(tmp_path):
+    """The offline rule (`eaglet.draft.rejection.verify`) against vLLM's rejection sampler
+    itself (its CPU kernel, called in the vLLM venv) on the same distributions: the same
+    acceptance at every draft position."""
+    rows = [[0.9, 0.05, 0.03, 0.02], [0.1, 0.6, 0.2, 0.1], [0.2, 0.1, 0.5, 0.2], [0.25] * 4]
+    batch = 4000
+    out = subprocess.run(
+        [vllm_python(), "-c", VLLM_REJECTION, json.dumps(rows), str(batch)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    vllm = json.loads(out.stdout.splitlines()[-1])
+    probs, generator = torch.tensor(rows), torch.Generator().manual_seed(0)
+    reached = [0] * 3
+    for _ in range(batch):
+        n, _, _ = verify(probs, [0, 1, 2], generator)
+        for j in range(n):
+            reached[j] += 1
+    eaglet = [r / batch for r in reached]
+    print(f"accepted per position: vLLM {vllm}, eaglet {eaglet}, exact {[0.9, 0.54, 0.27]}")
+    assert vllm == pytest.approx(eaglet, abs=0.03) and eaglet == pytest.approx(
+        [0.9, 0.54, 0.27], abs=0.03
+    )
+
+
+def test_sampled_served_check_sends_the_temperature_and_fails_loudly_on_a_mismatch(run, tmp_path):
+    """evaluate.temperature: the offline evaluation samples the target and verifies the draft
+    by vLLM's rule; the served check starts vLLM and sends the same prompts sampled at the same
+    temperature and top_p. vLLM 0.32's CPU build cannot verify sampled drafts: its CPU stand-in
+    for the kernel that spreads each request's temperature over its draft positions casts the
+    floats to integers (vllm/utils/cpu_triton_utils.py `_expand_kernel_impl`), so the target's
+    logits are divided by garbage and almost no draft is accepted. The check must not pass that
+    silently: it fails naming both figures and the temperature, the report kept."""
+    settings = EvaluateConfig(
+        num_speculative_tokens=K, max_new_tokens=48, temperature=0.8, top_p=0.95,
+        serving="vllm", vllm_python=str(vllm_python()), vllm_args=["--enforce-eager"],
+        max_serving_gap=0.3,
+    )  # fmt: skip
+    with pytest.raises(ServingGapError, match=r"temperature 0\.8: gap") as failed:
+        evaluation_report(
+            settings, run["target"], run["draft_dir"], run["prompts"], run["eos"], None, tmp_path
+        )
+    report = json.loads((tmp_path / "report.json").read_text())
+    sampled, served = report["sampled"], report["served"]
+    print(
+        f"greedy tau {report['tau']:.3f}; at T=0.8: offline {sampled['tau']:.3f} (expected "
+        f"{sampled['expected_tau']:.3f}, {sampled['num_rounds']} rounds), served by vLLM CPU "
+        f"{served['tau']:.3f} ({served['num_drafts']} drafts); {failed.value}"
+    )
+    assert (served["temperature"], served["top_p"]) == (0.8, 0.95)
+    assert report["serving_gap"] == pytest.approx(abs(served["tau"] - sampled["expected_tau"]))
+    assert 1.3 < sampled["expected_tau"] < report["tau"]  # sampled accepts less than greedy
 
 
 def test_vllm_reads_the_layer_ids_in_the_convention_they_were_trained_in(run, tmp_path):

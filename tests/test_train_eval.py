@@ -23,6 +23,7 @@ from eaglet.draft.evaluate import (
     propose,
     target_forward,
 )
+from eaglet.draft.heldout_tau import HeldoutTau, heldout_prompts
 from eaglet.draft.train import setup, train_draft, train_step
 from eaglet.draft.train_data import HiddenStatesData, epoch_order, length_groups, micro_batches
 from eaglet.draft.ttt_loss import ttt_unroll
@@ -294,6 +295,45 @@ def test_keep_best_exports_the_epoch_of_the_lowest_held_out_loss(world, tmp_path
     assert any(not torch.equal(last[n], exported[n]) for n in last if n in exported)
     state = json.loads((tmp_path / "best" / "state" / "state.json").read_text())
     assert [r["loss"] for r in state["heldout_losses"]] == [3, 1, 2]
+
+
+def test_keep_best_tau_exports_the_epoch_the_target_accepts_most(world, tmp_path, monkeypatch):
+    """train.keep_best: tau measures the evaluator's tau on held-out prompts at each epoch's end
+    (beside the loss) and exports the epoch of the highest tau, whatever the loss says."""
+    args = (world / "hs", world / "target")
+    kwargs = dict(
+        aux_layer_ids=AUX_IDS, aux_layer_convention=CONVENTION, exclude_sample_ids=HELD_OUT
+    )
+    config = settings(epochs=3, keep_best="tau", keep_best_prompts=4, keep_best_max_new_tokens=16)
+    real = train_draft(*args, tmp_path / "real", config, **kwargs)
+    taus = [r["tau"] for r in real["heldout_losses"]]
+    print(f"held-out tau per epoch {taus}, loss {[r['loss'] for r in real['heldout_losses']]}")
+    assert [r["step"] for r in real["heldout_losses"]] == [7, 14, 21]
+    assert all(1.0 <= t <= 1 + config.ttt_length for t in taus) and taus[-1] > 1.2
+    assert real["best_epoch"] == 1.0 + taus.index(max(taus))
+    # the exported draft's tau, evaluated from its folder as the evaluate stage would
+    prompts = heldout_prompts(HiddenStatesData(world / "hs", only_sample_ids=HELD_OUT), 4)
+    report = evaluate_draft(
+        tmp_path / "real" / "draft", world / "target", prompts, config.ttt_length, 16,
+        untrained_seed=None, device="cpu",
+    )  # fmt: skip
+    assert report["tau"] == pytest.approx(max(taus))
+
+    planted_tau, planted_loss = [2.0, 3.0, 1.5], [3.0, 2.0, 1.0]  # tau best at 2, loss at 3
+    monkeypatch.setattr(HeldoutTau, "__call__", lambda self, draft: planted_tau.pop(0))
+    monkeypatch.setattr("eaglet.draft.train.heldout_loss", lambda run: planted_loss.pop(0))
+    best = train_draft(*args, tmp_path / "best", config, **kwargs)
+    assert best["best_epoch"] == 2.0
+    train_draft(*args, tmp_path / "second", settings(epochs=3, max_steps=14), **kwargs)
+    exported = load_file(str(tmp_path / "best" / "draft" / "model.safetensors"))
+    at_second = load_file(str(tmp_path / "second" / "draft" / "model.safetensors"))
+    for name, tensor in exported.items():
+        torch.testing.assert_close(tensor, at_second[name], rtol=0, atol=0, msg=name)
+
+
+def test_keep_best_true_is_the_loss_as_before():
+    assert TrainConfig(keep_best=True).keep_best == "loss"
+    assert TrainConfig(keep_best=False).keep_best == "off"
 
 
 def test_keep_best_resumes_with_the_losses_it_measured(world, tmp_path):

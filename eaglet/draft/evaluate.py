@@ -28,15 +28,19 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from eaglet.config import EvaluateConfig, TargetConfig
 from eaglet.cpu_threads import apply_threads
+from eaglet.draft import rejection
 from eaglet.draft.checkpoint import aux_layer_ids as draft_aux_layer_ids
 from eaglet.draft.checkpoint import config_from_json, load_draft
 from eaglet.draft.model import Eagle3Draft, KVCache, ttt_attention_mask
+from eaglet.draft.rejection import Sampling
+from eaglet.draft.sampled import DRAFT_SAMPLING
 from eaglet.draft.segments import (
     emitted_per_round,
     round_segments,
@@ -93,19 +97,24 @@ def finite(logits: torch.Tensor, position: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def target_forward(target, ids: list[int], aux_layer_ids: list[int]):
-    """Greedy choice after every prefix [L] and aux features [L, 3H] of the sequence."""
+def target_logits(target, ids: list[int], aux_layer_ids: list[int]):
+    """The target's logits after every prefix [L, V] and aux features [L, 3H] of the sequence."""
     x = torch.tensor([ids], device=target.device)
     out = target(input_ids=x, output_hidden_states=True, use_cache=False)
-    greedy = finite(out.logits[0], len(ids)).argmax(-1)  # [L], greedy[p]: after x_0..x_p
     aux = torch.cat([out.hidden_states[i][0] for i in aux_layer_ids], dim=-1)  # [L, 3H]
-    return greedy, aux
+    return finite(out.logits[0], len(ids)), aux
+
+
+def target_forward(target, ids: list[int], aux_layer_ids: list[int]):
+    """Greedy choice after every prefix [L] and aux features [L, 3H] of the sequence."""
+    logits, aux = target_logits(target, ids, aux_layer_ids)
+    return logits.argmax(-1), aux  # greedy[p]: after x_0..x_p
 
 
 class TargetRunner:
-    """The target over a growing sequence: `extend` appends tokens and returns the greedy token
-    after, and the aux features [n, 3H] of, each appended position; `truncate` drops a rejected
-    tail. With `use_cache` only the appended tokens are computed."""
+    """The target over a growing sequence: `extend` appends tokens and returns the logits after,
+    and the aux features [n, 3H] of, each appended position; `truncate` drops a rejected tail.
+    With `use_cache` only the appended tokens are computed."""
 
     def __init__(self, target, aux_layer_ids: list[int], use_cache: bool):
         self.target, self.aux_layer_ids, self.use_cache = target, aux_layer_ids, use_cache
@@ -115,9 +124,9 @@ class TargetRunner:
     @torch.no_grad()
     def extend(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.use_cache:
-            greedy, aux = target_forward(self.target, self.seq + tokens, self.aux_layer_ids)
+            logits, aux = target_logits(self.target, self.seq + tokens, self.aux_layer_ids)
             self.seq += tokens
-            return greedy[-len(tokens) :], aux[-len(tokens) :]
+            return logits[-len(tokens) :], aux[-len(tokens) :]
         if self.cache is None:
             from transformers import DynamicCache
 
@@ -129,7 +138,7 @@ class TargetRunner:
         self.cache = out.past_key_values
         self.seq += tokens
         aux = torch.cat([out.hidden_states[i][0] for i in self.aux_layer_ids], dim=-1)
-        return finite(out.logits[0], len(self.seq)).argmax(-1), aux  # [n], [n, 3H]
+        return finite(out.logits[0], len(self.seq)), aux  # [n, V], [n, 3H]
 
     def truncate(self, length: int) -> None:
         del self.seq[length:]
@@ -213,6 +222,43 @@ def greedy_generate(
     return seq[len(prompt) :]
 
 
+class Speculation(NamedTuple):
+    """One prompt's speculative decoding: its new tokens, and per round the accepted count and
+    the accepted count in expectation over the target's draws (the same count when greedy)."""
+
+    tokens: list[int]
+    accepted: list[int]
+    expected: list[float]
+
+
+class Verifier:
+    """How the target checks a round's drafts: greedily (the longest prefix equal to its argmax,
+    then its argmax), or with `sampling` by vLLM's rejection rule (`eaglet.draft.rejection`),
+    its draws from `generator`."""
+
+    def __init__(self, sampling: Sampling | None = None, generator: torch.Generator | None = None):
+        self.sampling, self.generator = sampling, generator
+
+    def first(self, logits: torch.Tensor) -> int:
+        """The target's token after the prompt, from its logits [V] there."""
+        if self.sampling is None:
+            return int(logits.argmax())
+        probs = rejection.target_probs(logits[None], self.sampling)[0]  # [V]
+        return rejection.sample(probs, self.generator)
+
+    def check(self, logits: torch.Tensor, drafts: list[int]) -> tuple[int, int, float]:
+        """(accepted n, the target's next token, expected n) from its logits [k + 1, V] after
+        the pending token and each draft."""
+        if self.sampling is not None:
+            probs = rejection.target_probs(logits, self.sampling)  # [k + 1, V]
+            return rejection.verify(probs, drafts, self.generator)
+        greedy = logits.argmax(-1)  # greedy[j]: the target's token after next_token, d_1..d_j
+        n = 0
+        while n < len(drafts) and drafts[n] == int(greedy[n]):
+            n += 1
+        return n, int(greedy[n]), float(n)
+
+
 @torch.no_grad()
 def speculative_generate(
     target,
@@ -224,44 +270,45 @@ def speculative_generate(
     eos: set[int],
     aux_layer_ids: list[int],
     use_cache: bool = True,
-) -> tuple[list[int], list[int]]:
-    """Greedy chain speculation; returns (new tokens, accepted count n of every round).
+    verifier: Verifier | None = None,  # None: greedy
+) -> Speculation:
+    """Chain speculation, greedy unless `verifier` samples.
 
     The rounds are the ones vLLM runs: the target's token after the prompt, and each round's
     bonus token, count as emitted as soon as the target chose them, so no round is run once one
     of them is a stop token or reaches max_new_tokens. n is what the target accepted, also in a
     last round cut short by eos or max_new_tokens (as vLLM counts it), so tau may credit a few
-    tokens past the stop; `emitted_tau` (see `_evaluate`) does not."""
+    tokens past the stop; `emitted_tau` (see `evaluate_loaded`) does not."""
+    verifier = verifier or Verifier()
     runner = TargetRunner(target, aux_layer_ids, use_cache)
     drafter = Drafter(draft, embed, use_cache)
-    seq, new, accepted = list(prompt), [], []
-    greedy, aux = runner.extend(seq)
-    next_token = int(greedy[-1])  # emitted already, in vLLM's count: len(new) + 1 tokens out
+    seq, new, accepted, expected = list(prompt), [], [], []
+    logits, aux = runner.extend(seq)
+    next_token = verifier.first(logits[-1])  # emitted already, in vLLM's count
     while next_token not in eos and len(new) + 1 < max_new_tokens:
         drafts = drafter.propose(seq, aux, next_token, k)
-        greedy, aux_new = runner.extend([next_token] + drafts)
-        n = 0  # greedy[j]: the target's token after next_token, d_1..d_j
-        while n < k and drafts[n] == int(greedy[n]):
-            n += 1
+        logits, aux_new = runner.extend([next_token] + drafts)
+        n, after, mean = verifier.check(logits, drafts)
         accepted.append(n)
+        expected.append(mean)
         emitted = [next_token] + drafts[:n]
         for token in emitted:
             new.append(token)
             if token in eos or len(new) >= max_new_tokens:
-                return new, accepted
+                return Speculation(new, accepted, expected)
         seq += emitted
         runner.truncate(len(seq))
         aux = torch.cat([aux, aux_new[: n + 1]])  # causal: valid for the accepted prefix
-        next_token = int(greedy[n])
+        next_token = after
     new.append(next_token)  # the last bonus token (or the first token, when it stops alone)
-    return new, accepted
+    return Speculation(new, accepted, expected)
 
 
-def _evaluate(
-    draft: Eagle3Draft,
+def evaluate_loaded(
+    draft: Eagle3Draft,  # moved to the target's device and dtype: pass a copy to keep it as is
     target,
     prompts: list[list[int]],
-    references: list[list[int]],  # plain greedy output per prompt
+    references: list[list[int]] | None,  # plain greedy output per prompt; None when sampled
     k: int,
     max_new_tokens: int,
     eos: set[int],
@@ -269,23 +316,27 @@ def _evaluate(
     progress: Callable[[dict], None] | None,
     use_cache: bool = True,
     segment_labels: Callable[[list[int]], list[str]] | None = None,  # output ids -> segments
+    verifier: Verifier | None = None,  # None: greedy
 ) -> dict:
     t0 = time.time()
     embed = target.get_input_embeddings().weight
     draft = draft.to(device=target.device, dtype=embed.dtype).eval()
     rounds: list[int] = []
+    expected: list[float] = []
     segment_rounds: list[tuple[str, int, int]] = []  # (segment, accepted, emitted) per round
     new_tokens, mismatched = 0, []
-    for p, (prompt, reference) in enumerate(zip(prompts, references, strict=True)):
+    for p, prompt in enumerate(prompts):
         try:
-            out, accepted = speculative_generate(
-                target, draft, embed, prompt, k, max_new_tokens, eos, aux_layer_ids, use_cache
-            )
+            out, accepted, means = speculative_generate(
+                target, draft, embed, prompt, k, max_new_tokens, eos, aux_layer_ids, use_cache,
+                verifier,
+            )  # fmt: skip
         except NonFiniteError as exc:
             raise NonFiniteError(f"held-out prompt {p} of {len(prompts)}: {exc}") from None
-        if out != reference:
+        if references is not None and out != references[p]:
             mismatched.append(p)
         rounds += accepted
+        expected += means
         new_tokens += len(out)
         if segment_labels is not None and out:
             segment_rounds += zip(
@@ -299,6 +350,9 @@ def _evaluate(
     reached = [sum(n >= j for n in rounds) for j in range(k + 1)]  # reached[0] = rounds
     return {
         "tau": 1 + sum(rounds) / max(len(rounds), 1),
+        # the same rounds' accepted counts in expectation over the target's draws (sampled:
+        # less noisy than tau; greedy: tau)
+        "expected_tau": 1 + sum(expected) / max(len(expected), 1),
         "emitted_tau": emitted_tau(new_tokens, len(prompts), len(rounds)),
         "num_speculative_tokens": k,
         "num_prompts": len(prompts),
@@ -312,7 +366,8 @@ def _evaluate(
         "per_position_conditional_acceptance": [
             reached[j] / reached[j - 1] if reached[j - 1] else 0.0 for j in range(1, k + 1)
         ],
-        "outputs_match_greedy": not mismatched,
+        # sampled: the output is a draw, not the greedy answer (None: not compared)
+        "outputs_match_greedy": None if references is None else not mismatched,
         "mismatched_prompts": mismatched,
         "max_new_tokens": max_new_tokens,
         "aux_layer_ids": list(aux_layer_ids),
@@ -392,6 +447,8 @@ def evaluate_draft(
     every_k: bool = False,
     use_cache: bool = True,
     reasoning_format: ReasoningFormat | None = None,
+    sampling: Sampling | None = None,
+    sampling_seed: int = 0,
 ) -> dict:
     """tau and per-position acceptance of the draft in `draft_dir` (any export) on `prompts`
     (token ids), with k = `num_speculative_tokens`; with `every_k`, also tau for each k = 1..K
@@ -405,6 +462,10 @@ def evaluate_draft(
     With `reasoning_format`, each pass also reports τ per segment (thinking, answer, tool)
     under `"segments"` (`eaglet.draft.segments`), split from the output ids as extract does.
 
+    With `sampling`, one more pass samples the target at that temperature and top_p and
+    verifies the draft by vLLM's rejection rule (`eaglet.draft.rejection`; draws seeded by
+    `sampling_seed`), reported under `"sampled"` beside the greedy figures.
+
     `progress` is called after each prompt of each pass (the greedy references, the draft at
     k, at every other k, the untrained draft) with the pass's name, the prompts done of all
     passes, their total, the seconds so far and an ETA (`EvaluationProgress`)."""
@@ -416,6 +477,7 @@ def evaluate_draft(
     aux_ids = resolve_aux_ids(config, aux_layer_ids, Path(draft_dir) / "config.json")
     eos = set(default_eos_ids(model) if eos_token_ids is None else eos_token_ids)
     passes = 2 + (num_speculative_tokens - 1 if every_k else 0) + (untrained_seed is not None)
+    passes += sampling is not None
     counter = EvaluationProgress(len(prompts) * passes, progress)
     references = _greedy_references(model, prompts, max_new_tokens, eos, use_cache, counter)
     labels = None
@@ -426,28 +488,40 @@ def evaluate_draft(
         eos=eos, aux_layer_ids=aux_ids, use_cache=use_cache, segment_labels=labels,
     )  # fmt: skip
     k = num_speculative_tokens
-    report = _evaluate(trained, k=k, progress=counter.callback(f"draft at k={k}"), **common)
+    report = evaluate_loaded(trained, k=k, progress=counter.callback(f"draft at k={k}"), **common)
     report.update(draft="trained", draft_dir=str(draft_dir), device=str(model.device))
     if every_k:
-        report["tau_by_k"] = {
-            str(j): report["tau"]
-            if j == k
-            else _evaluate(trained, k=j, progress=counter.callback(f"draft at k={j}"), **common)[
-                "tau"
-            ]
-            for j in range(1, k + 1)
-        }
+        report["tau_by_k"] = {str(k): report["tau"]}
+        for j in range(1, k):
+            shorter = evaluate_loaded(
+                trained, k=j, progress=counter.callback(f"draft at k={j}"), **common
+            )
+            report["tau_by_k"][str(j)] = shorter["tau"]
+        report["tau_by_k"] = dict(sorted(report["tau_by_k"].items(), key=lambda kv: int(kv[0])))
+    if sampling is not None:
+        name = f"draft at k={k}, T={sampling.temperature:g}"
+        generator = torch.Generator(device=model.device).manual_seed(sampling_seed)
+        sampled = evaluate_loaded(
+            trained, k=k, progress=counter.callback(name), verifier=Verifier(sampling, generator),
+            **dict(common, references=None),
+        )  # fmt: skip
+        report["sampled"] = dict(
+            sampled, temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling_seed,
+            draft_sampling=DRAFT_SAMPLING,
+        )  # fmt: skip
     if untrained_seed is not None:
         torch.manual_seed(untrained_seed)
         fresh = Eagle3Draft(config_from_json(config))
         fresh.set_vocab(trained.d2t, trained.t2d)
-        baseline = _evaluate(fresh, k=k, progress=counter.callback("untrained draft"), **common)
+        untrained = counter.callback("untrained draft")
+        baseline = evaluate_loaded(fresh, k=k, progress=untrained, **common)
         report["untrained"] = dict(baseline, draft=f"untrained (seed {untrained_seed})")
     return report
 
 
-def plot_acceptance(report: dict, path: Path) -> None:
-    """Bar chart of per-position acceptance (unconditional and conditional), tau in the title."""
+def plot_acceptance(report: dict, path: Path, sampled: dict | None = None) -> None:
+    """Bar chart of per-position acceptance (unconditional and conditional), tau in the title;
+    a line per segment, and one for the sampled evaluation when there is one."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -480,6 +554,15 @@ def plot_acceptance(report: dict, path: Path) -> None:
             color=colors.get(segment),
             label=f"{segment}: tau {stats['tau']:.2f}, {stats['rounds']} rounds",
         )
+    if sampled is not None:
+        ax.plot(
+            xs,
+            sampled["per_position_acceptance"],
+            marker="s",
+            linestyle="--",
+            color="tab:blue",
+            label=f"sampled at T={sampled['temperature']:g}: tau {sampled['tau']:.2f}",
+        )
     ax.set(
         xlabel="draft position",
         ylabel="acceptance rate",
@@ -505,17 +588,23 @@ def evaluation_report(
 ) -> dict:
     """The evaluate stage's report, written to `folder/report.json` (with `acceptance.png`):
     offline tau of the draft (k = 1..K) beside an untrained draft's, per segment (thinking,
-    answer, tool) where `reasoning_format` is given, and with
-    `settings.serving == "vllm"` the tau vLLM's counters give for the same draft at the same k
-    (server log in `folder`). A gap above `settings.max_serving_gap` raises `ServingGapError`
-    after the report is written."""
+    answer, tool) where `reasoning_format` is given, sampled at `settings.temperature` when
+    above 0 (under `"sampled"`), and with `settings.serving == "vllm"` the tau vLLM's counters
+    give for the same draft at the same k and temperature (server log in `folder`). A gap above
+    `settings.max_serving_gap` raises `ServingGapError` after the report is written; sampled,
+    the served tau is compared with the offline expected tau (the same mean, less noise)."""
+    sampling = None
+    if settings.temperature > 0:
+        sampling = Sampling(settings.temperature, settings.top_p)
     trained = evaluate_draft(
         draft_dir, target, prompts, num_speculative_tokens=settings.num_speculative_tokens,
         max_new_tokens=settings.max_new_tokens, eos_token_ids=eos_token_ids,
         aux_layer_ids=aux_layer_ids, untrained_seed=0, every_k=True, progress=progress,
-        reasoning_format=reasoning_format,
+        reasoning_format=reasoning_format, sampling=sampling,
+        sampling_seed=settings.sampling_seed,
     )  # fmt: skip
     baseline = trained.pop("untrained")
+    sampled = trained.pop("sampled", None)
     report = {
         "draft": trained,
         "untrained": baseline,
@@ -525,17 +614,20 @@ def evaluation_report(
         "tau_by_k": trained["tau_by_k"],
         "untrained_tau": baseline["tau"],
         "segments": trained.get("segments", {}),
+        **({"sampled": sampled} if sampled is not None else {}),
     }
+    # what the served tau is compared with: the offline figure at the same temperature
+    offline_tau = trained["tau"] if sampled is None else sampled["expected_tau"]
     served = None
     if settings.serving == "vllm":
         served = measure_served(
             settings, target, draft_dir, prompts, eos_token_ids, folder / "vllm_server.log"
         )
         report.update(
-            served=served, served_tau=served["tau"], serving_gap=abs(served["tau"] - trained["tau"])
+            served=served, served_tau=served["tau"], serving_gap=abs(served["tau"] - offline_tau)
         )
     write_json_atomic(folder / REPORT_FILE, report)
-    plot_acceptance(trained, folder / "acceptance.png")
+    plot_acceptance(trained, folder / "acceptance.png", sampled)
     if served is not None:
-        check_gap(served, trained["tau"], settings.max_serving_gap, str(folder / REPORT_FILE))
+        check_gap(served, offline_tau, settings.max_serving_gap, str(folder / REPORT_FILE))
     return report

@@ -3,7 +3,8 @@
 Owns the command of a vLLM server for the target with the draft as its `eagle3` speculative
 model (started and stopped by `eaglet.vllm_process`),
 reading the spec-decode counters of `GET /metrics` (`read_counters`), and `served_acceptance`:
-send the held-out prompts as token ids (greedy, the evaluation's max_new_tokens and end tokens),
+send the held-out prompts as token ids (greedy, or sampled at evaluate.temperature and top_p with
+seeded requests; the evaluation's max_new_tokens and end tokens),
 read the counters before and after, and turn the deltas into tau = 1 + accepted / drafts, the
 acceptance per draft position and `emitted_tau` (output tokens per round, from the responses'
 token counts: tau without the drafts accepted past a request's stop). vLLM's k is a server
@@ -37,6 +38,16 @@ ACCEPTED = PREFIX + "num_accepted_tokens_total"
 ACCEPTED_PER_POS = PREFIX + "num_accepted_tokens_per_pos_total"
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _POSITION = re.compile(r'position="(\d+)"')
+
+
+# vLLM 0.32's CPU build spreads each request's temperature over its draft positions with a
+# kernel that casts the floats to integers (vllm/utils/cpu_triton_utils.py, _expand_kernel_impl):
+# sampled verification then divides the target's logits by garbage (tests/test_serving_vllm.py)
+SAMPLED_CAUSE = (
+    ", or a server that verifies sampled drafts wrongly: vLLM 0.32's CPU build does (it "
+    "casts each request's temperature to an integer there); check sampled tau on a GPU build, "
+    "or set evaluate.temperature: 0 for the served check"
+)
 
 
 class ServingError(PermanentError, RuntimeError):
@@ -133,19 +144,26 @@ def served_acceptance(
     stop_token_ids: list[int],
     concurrency: int = 4,
     request_timeout_s: float = 600.0,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
 ) -> dict:
-    """Send `prompts` (token ids, greedy) and measure tau from the counters' deltas."""
+    """Send `prompts` (token ids; greedy, or sampled at `temperature` and `top_p` with request
+    i seeded `seed + i`) and measure tau from the counters' deltas."""
     base_url = base_url.rstrip("/")
     t0 = time.time()
     with httpx.Client() as client:
         model = served_model_name(client, base_url)
         before = read_counters(client, base_url)
 
-        def complete(prompt: list[int]) -> int:
+        def complete(numbered: tuple[int, list[int]]) -> int:
+            i, prompt = numbered
             body = {
                 "model": model, "prompt": prompt, "max_tokens": max_new_tokens,
-                "temperature": 0.0, "stop_token_ids": stop_token_ids,
+                "temperature": temperature, "stop_token_ids": stop_token_ids,
             }  # fmt: skip
+            if temperature > 0:
+                body.update(top_p=top_p, seed=seed + i)
             response = client.post(
                 f"{base_url}/v1/completions", json=body, timeout=request_timeout_s
             )
@@ -153,7 +171,7 @@ def served_acceptance(
             return int(response.json()["usage"]["completion_tokens"])
 
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            new_tokens = sum(pool.map(complete, prompts))
+            new_tokens = sum(pool.map(complete, enumerate(prompts)))
         delta = read_counters(client, base_url) - before
     if delta.drafts <= 0:
         raise ServingError(
@@ -169,6 +187,8 @@ def served_acceptance(
         )
     return {
         "tau": delta.tau,
+        "temperature": temperature,
+        **({"top_p": top_p} if temperature > 0 else {}),
         "num_speculative_tokens": num_speculative_tokens,
         "num_prompts": len(prompts),
         "num_drafts": int(delta.drafts),
@@ -221,16 +241,19 @@ def vllm_command(
 
 
 def check_gap(served: dict, offline_tau: float, max_gap: float, where: str) -> float:
-    """|served tau - offline tau| at the same k; above `max_gap` a `ServingGapError` with both."""
+    """|served tau - offline tau| at the same k and temperature; above `max_gap` a
+    `ServingGapError` with both."""
     gap = abs(served["tau"] - offline_tau)
     if gap > max_gap:
+        at = f"temperature {served['temperature']:g}" if served.get("temperature") else "greedy"
         raise ServingGapError(
             f"served tau {served['tau']:.3f} (vLLM's counters: {served['num_drafts']} drafts, "
             f"{served['accepted_tokens']} accepted, k={served['num_speculative_tokens']}) vs "
-            f"offline tau {offline_tau:.3f} at the same k: gap {gap:.3f} > "
+            f"offline tau {offline_tau:.3f} at the same k, {at}: gap {gap:.3f} > "
             f"evaluate.max_serving_gap {max_gap}. The draft serves differently from how it was "
             f"evaluated (layer ids read in another convention, another target or draft on the "
-            f"server, a dtype change); both reports are in {where}"
+            f"server, a dtype change{SAMPLED_CAUSE if served.get('temperature') else ''}); both "
+            f"reports are in {where}"
         )
     return gap
 
@@ -249,7 +272,8 @@ def measure_served(
     k = settings.num_speculative_tokens
     measure = dict(
         prompts=prompts, num_speculative_tokens=k, max_new_tokens=settings.max_new_tokens,
-        stop_token_ids=stop_token_ids,
+        stop_token_ids=stop_token_ids, temperature=settings.temperature, top_p=settings.top_p,
+        seed=settings.sampling_seed,
     )  # fmt: skip
     if settings.serving_endpoint:
         return dict(served_acceptance(settings.serving_endpoint, **measure), server="endpoint")

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from eaglet.config import TargetConfig, TrainConfig
 from eaglet.cpu_threads import apply_threads
 from eaglet.draft.checkpoint import load_training_state, save_draft, save_training_state
+from eaglet.draft.heldout_tau import HeldoutTau
 from eaglet.draft.init_from import load_starting_draft, read_starting_draft
 from eaglet.draft.model import Eagle3Config, Eagle3Draft
 from eaglet.draft.optimizer import make_optimizer
@@ -73,7 +74,12 @@ def plot_loss(metrics: list[dict], path: Path, heldout: list[dict] | None = None
         ax_loss.plot(
             [r["step"] for r in heldout], [r["loss"] for r in heldout], "o-", label="held out"
         )
-        ax_loss.legend()
+        ax_loss.legend(loc="upper left")
+        taus = [r for r in heldout if "tau" in r]
+        if taus:  # keep_best: tau, on a second axis: the loss can fall while tau drops
+            ax_tau = ax_loss.twinx()
+            ax_tau.plot([r["step"] for r in taus], [r["tau"] for r in taus], "s--", color="tab:red")
+            ax_tau.set_ylabel("held-out tau", color="tab:red")
     ax_loss.set(xlabel="step", ylabel="loss", title="TTT loss")
     for i in range(len(metrics[0]["acc"]) if metrics else 0):
         ax_acc.plot(steps, [m["acc"][i] for m in metrics], label=f"step {i}")
@@ -142,7 +148,9 @@ class Run:
     start_step: int
     fingerprint: str
     heldout: Any = None  # HiddenStatesData of the held-out samples, with train.keep_best
-    heldout_losses: list[dict] = field(default_factory=list)  # {"epoch", "step", "loss"}
+    # {"epoch", "step", "loss"} per epoch's end, and "tau" with keep_best: tau (rank 0)
+    heldout_losses: list[dict] = field(default_factory=list)
+    heldout_tau: Callable[[Any], float] | None = None  # keep_best: tau, on rank 0
     started: float = field(default_factory=time.time)
     step_seconds: float = 0.0  # in train_step (data, forward, backward, optimizer), this process
 
@@ -168,6 +176,9 @@ class Run:
 
     @property
     def best(self) -> dict | None:
+        """The epoch's end to export: the lowest held-out loss, or the highest tau."""
+        if self.config.keep_best == "tau":
+            return max(self.heldout_losses, key=lambda r: r.get("tau", 0.0), default=None)
         return min(self.heldout_losses, key=lambda r: r["loss"], default=None)
 
 
@@ -624,15 +635,18 @@ def train_loop(run: Run, progress: Callable[[dict], None] | None = None) -> None
 
 
 def keep_if_best(run: Run) -> None:
-    """train.keep_best at an epoch's end: the held-out loss, and the draft in `best/` when it
-    is the lowest so far."""
-    loss = heldout_loss(run)
-    improved = run.best is None or loss < run.best["loss"]
-    run.heldout_losses.append(
-        {"epoch": run.step / run.steps_per_epoch, "step": run.step, "loss": loss}
-    )
+    """train.keep_best at an epoch's end: the held-out loss (and, with tau, the held-out tau on
+    rank 0), and the draft in `best/` when it is the best so far."""
+    record = {"epoch": run.step / run.steps_per_epoch, "step": run.step, "loss": heldout_loss(run)}
+    if run.heldout_tau is not None:
+        record["tau"] = run.heldout_tau(run.draft)
+    previous = run.best
+    run.heldout_losses.append(record)
+    improved = previous is None or run.best is record
     if run.rank == 0:
-        log.info("held-out loss %.4f at step %d%s", loss, run.step, " (best)" if improved else "")
+        tau = f", tau {record['tau']:.3f}" if "tau" in record else ""
+        best = " (best)" if improved else ""
+        log.info("held-out loss %.4f%s at step %d%s", record["loss"], tau, run.step, best)
         if improved:
             save_draft(run.draft, run.best_dir, run.aux_layer_ids, run.aux_layer_convention)
 
@@ -704,7 +718,7 @@ def train_draft(
     data, heldout = hidden_states, None
     if isinstance(hidden_states, str | Path):
         data = HiddenStatesData(Path(hidden_states), exclude_sample_ids, config.max_seq_len)
-    if config.keep_best:
+    if config.keep_best != "off":
         if not isinstance(hidden_states, str | Path):
             raise ValueError("train.keep_best reads the held-out features from offline shards")
         heldout = HiddenStatesData(
@@ -717,6 +731,11 @@ def train_draft(
                 "windows train); raise train.holdout_fraction"
             )
     run = setup(data, target, out_dir, config, aux_layer_ids, aux_layer_convention, resume, heldout)
+    if config.keep_best == "tau" and run.rank == 0:
+        run.heldout_tau = HeldoutTau(
+            target, heldout, config.keep_best_prompts, config.ttt_length,
+            config.keep_best_max_new_tokens, aux_layer_ids, aux_layer_convention,
+        )  # fmt: skip
     if hasattr(data, "start_prefetch"):  # a served online source streams features ahead
         data.start_prefetch(plan(run))
     try:

@@ -74,13 +74,16 @@ class HiddenStatesData:
     def aux_width(self) -> int:
         return self._file(self.samples[0]["shard"]).get_slice("aux_hidden_states").get_shape()[1]
 
+    def sample_tokens(self, entry: dict) -> dict[str, torch.Tensor]:
+        """One whole sample's input_ids [n] and loss_mask [n] (`entry`: one of `samples`)."""
+        handle, keys = self._file(entry["shard"]), ("input_ids", "loss_mask")
+        return read_window(handle, entry["offset"], entry["length"], keys=keys)
+
     def token_counts(self, vocab_size: int) -> torch.Tensor:
         """Occurrences of each id among loss-masked tokens of the (non-excluded) samples: [V]."""
         counts = torch.zeros(vocab_size, dtype=torch.int64)
         for e in self.samples:
-            window = read_window(
-                self._file(e["shard"]), e["offset"], e["length"], keys=("input_ids", "loss_mask")
-            )
+            window = self.sample_tokens(e)
             counts += count_tokens(window["input_ids"], window["loss_mask"], vocab_size)
         return counts
 

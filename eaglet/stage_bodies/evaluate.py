@@ -9,6 +9,7 @@ from pathlib import Path
 
 from eaglet.config import PipelineConfig
 from eaglet.draft.evaluate import evaluation_report
+from eaglet.draft.sampled import sampled_summary, sampled_text
 from eaglet.draft.segments import segments_text
 from eaglet.progress import Throttle
 from eaglet.reasoning import detect_format
@@ -64,7 +65,7 @@ def run(
         reasoning_format,
     )  # fmt: skip
     publish(ctx, report, len(heldout), config.evaluate.num_speculative_tokens, folder)
-    trained, served = report["draft"], report.get("served")
+    trained, served, sampled = report["draft"], report.get("served"), report.get("sampled")
     return StageOutput(
         counts={"records": len(heldout)},
         info={
@@ -76,6 +77,7 @@ def run(
                 for name, seg in report["segments"].items()
             },
             **({"served_tau": served["tau"]} if served is not None else {}),
+            **({"sampled": sampled_summary(sampled)} if sampled is not None else {}),
         },
     )
 
@@ -92,8 +94,12 @@ def publish(
         f"{trained['emitted_tau']:.3f} output tokens per round) on {prompts} held-out "
         f"prompts, k = {speculative_tokens}"
     )
+    sampled = report.get("sampled")
+    if sampled is not None:
+        line += "; " + sampled_text(sampled_summary(sampled))
     if served is not None:
-        line += f"; served by vLLM: tau {served['tau']:.3f} (gap {report['serving_gap']:.3f})"
+        at = f" at T={served['temperature']:g}" if served.get("temperature") else ""
+        line += f"; served by vLLM{at}: tau {served['tau']:.3f} (gap {report['serving_gap']:.3f})"
     segments = report.get("segments", {})
     if segments:
         line += "; by segment: " + segments_text(segments)
