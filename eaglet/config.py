@@ -143,6 +143,23 @@ class TokenizeConfig(_Strict):
     )
 
 
+class SamplingChoice(_Strict):
+    """One entry of generation.sampling_plan: the sampling a share of the rows is generated
+    with."""
+
+    temperature: float = Field(0.6, ge=0.0, le=10.0, description="0 = greedy decoding.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    reasoning_effort: Literal["", "low", "medium", "high"] = Field(
+        "",
+        description="For models whose chat template reads it (gpt-oss): rendered into these "
+        "rows' prompts as the template argument reasoning_effort; blank = the template's "
+        "default (or tokenize.chat_template_kwargs).",
+    )
+    weight: float = Field(
+        1.0, gt=0.0, le=1e6, description="With sampling_plan_mode weighted: its share's weight."
+    )
+
+
 class GenerationConfig(_Strict):
     engine: Literal["local", "vllm", "sglang", "openai"] = Field(
         "local", description="local = transformers in-process; the others are HTTP servers."
@@ -162,6 +179,18 @@ class GenerationConfig(_Strict):
     temperature: float = Field(0.0, ge=0.0, le=10.0, description="0 = greedy decoding.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     seed: int = Field(0, description="Sampling seed.")
+    sampling_plan: list[SamplingChoice] = Field(
+        default_factory=list,
+        description="Varied sampling: each row is generated with one entry (temperature, "
+        "top_p, reasoning_effort) chosen when it is tokenized, recorded in its prompt and "
+        "generation records and counted per entry in the quality report; a resume sends the "
+        "same. Empty = every row with temperature and top_p above.",
+    )
+    sampling_plan_mode: Literal["cycle", "weighted"] = Field(
+        "cycle",
+        description="cycle = the entries in turn, in the order of the samples; weighted = an "
+        "entry drawn per sample id (seeded by seed) in proportion to the weights.",
+    )
     stop: list[str] = Field(default_factory=list, description="Extra stop strings.")
     loop_guard: bool = Field(
         True,

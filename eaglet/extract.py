@@ -31,6 +31,7 @@ from eaglet.records.examples import Example
 from eaglet.records.generations import Generation
 from eaglet.records.io import read_jsonl, record_line
 from eaglet.records.prompts import Prompt
+from eaglet.sampling_plan import sampling_label, template_kwargs
 from eaglet.stages import EXAMPLES_FILE, QUALITY_FILE
 from eaglet.storage import write_json_atomic
 
@@ -223,7 +224,10 @@ def template_mismatch(
         turn["tool_calls"] = [{"type": "function", "function": call} for call in calls]
     try:
         text = tokenizer.apply_chat_template(
-            [*prompt.messages, turn], tools=prompt.tools, tokenize=False, **chat_template_kwargs
+            [*prompt.messages, turn],
+            tools=prompt.tools,
+            tokenize=False,
+            **template_kwargs(chat_template_kwargs, prompt.sampling),  # with the row's effort
         )
     except Exception as exc:  # a template that cannot render the turn at all
         return {
@@ -291,6 +295,10 @@ class QualityTally:
     few example ids per flag, never the examples themselves (a run holds millions of tokens)."""
 
     sources: dict[str, _SourceTally] = field(default_factory=lambda: defaultdict(_SourceTally))
+    # per generation.sampling_plan setting (sampling_label): records, truncated, looped
+    settings: dict[str, dict[str, int]] = field(
+        default_factory=lambda: defaultdict(lambda: {"records": 0, "truncated": 0, "looped": 0})
+    )
     lengths: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     examples_by_flag: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
 
@@ -330,6 +338,13 @@ class QualityTally:
         for flag in example.flags:
             if len(self.examples_by_flag[flag]) < 5:
                 self.examples_by_flag[flag].append(example.sample_id)
+
+    def add_setting(self, generation: Generation) -> None:
+        """Count a generation record under its sampling setting (every record, dropped or not)."""
+        counts = self.settings[sampling_label(generation.sampling)]
+        counts["records"] += 1
+        counts["truncated"] += generation.finish_reason == "length"
+        counts["looped"] += generation.finish_reason == "loop"
 
     def add_dropped_loop(self, generation: Generation) -> None:
         """A record the loop guard stopped, left out of the examples (looped_rows: drop)."""
@@ -375,6 +390,8 @@ class QualityTally:
             "truncation_rate": truncated / max(1, total),
             "looped": sum(t.looped for t in tallies),
             "per_source": per_source,
+            # generation records per generation.sampling_plan setting
+            "per_sampling": {label: dict(c) for label, c in sorted(self.settings.items())},
             "example_ids_by_flag": dict(self.examples_by_flag),
         }
 
@@ -479,6 +496,7 @@ def write_examples(
         open(out_dir / "server_disagreements.jsonl", "w", encoding="utf-8") as disagreements,
     ):
         for generation in read_jsonl(generations_path, Generation):
+            quality.add_setting(generation)
             if generation.finish_reason == "loop" and looped_rows == "drop":
                 quality.add_dropped_loop(generation)
                 continue

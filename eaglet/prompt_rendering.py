@@ -13,11 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eaglet.config import TokenizeConfig
+from eaglet.config import GenerationConfig, TokenizeConfig
 from eaglet.errors import PermanentError
 from eaglet.records.io import read_jsonl, record_line
 from eaglet.records.prompts import Prompt
 from eaglet.records.samples import Sample
+from eaglet.sampling_plan import choose, template_kwargs
 from eaglet.stages import PROMPTS_FILE, REJECTED_FILE
 from eaglet.storage import finished_folder
 
@@ -63,7 +64,11 @@ def conversation_turns(
 
 
 def render_prompt(
-    sample: Sample, tokenizer, chat_template_kwargs: dict[str, Any], regenerate: str = "last"
+    sample: Sample,
+    tokenizer,
+    chat_template_kwargs: dict[str, Any],
+    regenerate: str = "last",
+    sampling: dict[str, Any] | None = None,  # the row's sampling plan entry (its effort)
 ) -> Prompt:
     if regenerate == "all":
         context, followups = conversation_turns(sample)
@@ -74,7 +79,7 @@ def render_prompt(
         tools=sample.tools,
         add_generation_prompt=True,
         tokenize=False,
-        **chat_template_kwargs,
+        **template_kwargs(chat_template_kwargs, sampling),
     )
     # The template wrote every special token itself: encoding must not add a BOS of its own.
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -86,6 +91,7 @@ def render_prompt(
         messages=context,
         tools=sample.tools,
         followups=followups,
+        sampling=sampling,
     )
 
 
@@ -153,25 +159,30 @@ def write_prompts(
     tokenizer: Any,
     tokenize: TokenizeConfig,
     context: int | None,
+    generation: GenerationConfig | None = None,
 ) -> tuple[dict[str, int], str | None]:
     """The tokenize stage's body: each sample's prompt to `folder/prompts.jsonl`; each sample
     that cannot be templated or does not fit, with its kind and reason, to `rejected.jsonl`.
-    Returns the manifest counts and a warning to log (None when nothing was left out)."""
+    With `generation.sampling_plan`, each prompt carries its row's entry (rendered with its
+    reasoning effort). Returns the manifest counts and a warning to log (None when nothing was
+    left out)."""
     counts = {"records": 0, "rejected": 0, "too_long": 0, "over_context": 0}
     longest_token = longest_token_chars(tokenizer)
     with (
         open(folder / PROMPTS_FILE, "w", encoding="utf-8") as out,
         open(folder / REJECTED_FILE, "w", encoding="utf-8") as rejects,
     ):
-        for sample in read_jsonl(samples_path, Sample):
+        for position, sample in enumerate(read_jsonl(samples_path, Sample)):
+            sampling = generation and choose(generation, sample.sample_id, position)
             problem: tuple[str, str] | None = None
             if why := too_many_characters(sample, tokenize.max_prompt_tokens, longest_token):
                 problem = ("too_long", why)
             else:
                 try:
                     prompt = render_prompt(
-                        sample, tokenizer, tokenize.chat_template_kwargs, tokenize.regenerate
-                    )
+                        sample, tokenizer, tokenize.chat_template_kwargs, tokenize.regenerate,
+                        sampling,
+                    )  # fmt: skip
                 except PromptError as exc:
                     problem = ("template", str(exc))
                 else:

@@ -94,7 +94,14 @@ STAGE_LIST: tuple[Stage, ...] = (
         output="prompts",
         reads=("samples",),
         files=(PROMPTS_FILE, REJECTED_FILE),
-        keyed_by=("tokenize", "target.model"),
+        # the sampling plan is chosen per row here (its reasoning effort is in the prompt)
+        keyed_by=(
+            "tokenize",
+            "target.model",
+            "generation.sampling_plan",
+            "generation.sampling_plan_mode",
+            "generation.seed",
+        ),  # fmt: skip
         body="eaglet.stage_bodies.tokenize:run",
     ),
     Stage(

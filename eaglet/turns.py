@@ -30,6 +30,7 @@ from eaglet.reasoning import ReasoningFormat, detect_format
 from eaglet.records.generations import Generation
 from eaglet.records.io import read_jsonl, write_jsonl
 from eaglet.records.prompts import TURN_SEPARATOR, Prompt, conversation_id
+from eaglet.sampling_plan import template_kwargs
 from eaglet.stages import FAILED_FILE, GENERATIONS_FILE, TURN_PROMPTS_FILE
 from eaglet.target import end_token_ids
 
@@ -79,7 +80,7 @@ def next_turn_prompt(
         tools=prompt.tools,
         add_generation_prompt=True,
         tokenize=False,
-        **chat_template_kwargs,
+        **template_kwargs(chat_template_kwargs, prompt.sampling),
     )
     turn = turn_number(prompt.sample_id) + 1
     return Prompt(
@@ -90,6 +91,7 @@ def next_turn_prompt(
         messages=messages,
         tools=prompt.tools,
         followups=prompt.followups[1:],
+        sampling=prompt.sampling,  # every turn of a conversation samples alike
     )
 
 

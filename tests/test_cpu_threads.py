@@ -326,13 +326,14 @@ def test_evaluation_applies_the_choice_in_its_thread(fake_machine, monkeypatch, 
 
 
 def test_the_local_engine_applies_the_choice_in_the_consuming_thread(fake_machine, monkeypatch):
+    from eaglet.engines.base import SamplingParams
     from eaglet.engines.local import LocalEngine
 
     engine = LocalEngine.__new__(LocalEngine)  # no model: the batches only record the count
-    engine.batch_size = 2
+    engine.batch_size, engine.params = 2, SamplingParams()
     seen: list[tuple[str, int]] = []
 
-    def batch(prompts):
+    def batch(prompts, params):
         seen.append((threading.current_thread().name, torch.get_num_threads()))
         return prompts
 
@@ -340,6 +341,7 @@ def test_the_local_engine_applies_the_choice_in_the_consuming_thread(fake_machin
 
     class Prompt:
         prompt_ids = [1, 2, 3]
+        sampling = None
 
     records, _ = in_thread(lambda: list(engine.generate([Prompt(), Prompt(), Prompt()])))
     assert len(records) == 3 and seen == [("stage-worker", 3), ("stage-worker", 3)]

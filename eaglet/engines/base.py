@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from eaglet.records.generations import Generation
@@ -31,6 +31,15 @@ class SamplingParams:
             top_p=generation.top_p,
             seed=generation.seed,
             stop=list(generation.stop),
+        )
+
+    def for_prompt(self, prompt: Prompt) -> SamplingParams:
+        """What `prompt` is sampled with: its sampling plan entry's temperature and top_p
+        (`Prompt.sampling`, eaglet/sampling_plan.py), else these."""
+        if prompt.sampling is None:
+            return self
+        return replace(
+            self, temperature=prompt.sampling["temperature"], top_p=prompt.sampling["top_p"]
         )
 
 

@@ -41,13 +41,19 @@ class LocalEngine:
     def generate(self, prompts: Iterable[Prompt]) -> Iterator[Generation]:
         # A generator: runs in the thread that consumes it (the sync-engine worker thread).
         apply_threads("generate")
-        # Similar lengths in a batch waste less compute on padding.
-        ordered = sorted(prompts, key=lambda p: len(p.prompt_ids))
-        for start in range(0, len(ordered), self.batch_size):
-            yield from self._generate_batch(ordered[start : start + self.batch_size])
+        # One batch samples alike (generation.sampling_plan can vary it per prompt); similar
+        # lengths in a batch waste less compute on padding.
+        groups: dict[tuple[float, float], tuple[SamplingParams, list[Prompt]]] = {}
+        for prompt in prompts:
+            params = self.params.for_prompt(prompt)
+            groups.setdefault((params.temperature, params.top_p), (params, []))[1].append(prompt)
+        for params, group in groups.values():
+            ordered = sorted(group, key=lambda p: len(p.prompt_ids))
+            for start in range(0, len(ordered), self.batch_size):
+                yield from self._generate_batch(ordered[start : start + self.batch_size], params)
 
     @torch.inference_mode()
-    def _generate_batch(self, batch: list[Prompt]) -> list[Generation]:
+    def _generate_batch(self, batch: list[Prompt], params: SamplingParams) -> list[Generation]:
         width = max(len(p.prompt_ids) for p in batch)
         # Left padding: every prompt ends at the same column, where generation starts.
         input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)  # [B, P]
@@ -56,21 +62,21 @@ class LocalEngine:
             n = len(prompt.prompt_ids)
             input_ids[row, width - n :] = torch.tensor(prompt.prompt_ids)
             attention_mask[row, width - n :] = 1
-        sampled = self.params.temperature > 0
+        sampled = params.temperature > 0
         if sampled:
-            torch.manual_seed(self.params.seed)
+            torch.manual_seed(params.seed)
         output = self.model.generate(
             input_ids=input_ids.to(self.model.device),
             attention_mask=attention_mask.to(self.model.device),
-            max_new_tokens=self.params.max_tokens,
+            max_new_tokens=params.max_tokens,
             do_sample=sampled,
-            temperature=self.params.temperature if sampled else None,
-            top_p=self.params.top_p if sampled else None,
+            temperature=params.temperature if sampled else None,
+            top_p=params.top_p if sampled else None,
             top_k=None,
             eos_token_id=self.eos_ids,
             pad_token_id=self.pad_id,
-            stop_strings=self.params.stop or None,
-            tokenizer=self.tokenizer if self.params.stop else None,
+            stop_strings=params.stop or None,
+            tokenizer=self.tokenizer if params.stop else None,
         )  # [B, P + new]
         records = []
         for row, prompt in enumerate(batch):

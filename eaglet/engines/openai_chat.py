@@ -43,6 +43,7 @@ from eaglet.reasoning import (
 )
 from eaglet.records.generations import Generation
 from eaglet.records.prompts import Prompt
+from eaglet.sampling_plan import template_kwargs
 
 TEXT_FIELDS = ("content", "reasoning", "reasoning_content", "tool_calls")
 FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop"}
@@ -151,7 +152,7 @@ class OpenAIChatEngine(HTTPEngine):
         self._ask_token_ids = True
 
     def request_for(self, prompt: Prompt) -> tuple[str, dict[str, Any]]:
-        params = self.params
+        params = self.params.for_prompt(prompt)
         payload: dict[str, Any] = {
             "model": self.config.generation.served_model,
             "messages": wire_messages(prompt.messages),
@@ -169,9 +170,10 @@ class OpenAIChatEngine(HTTPEngine):
             payload["stop"] = list(params.stop)
         if self._ask_token_ids:
             payload["return_token_ids"] = True
-        kwargs = self.config.tokenize.chat_template_kwargs
+        kwargs = template_kwargs(self.config.tokenize.chat_template_kwargs, prompt.sampling)
         if kwargs:
-            # vLLM and SGLang render with these, as our tokenize stage did.
+            # vLLM and SGLang render with these, as our tokenize stage did (with the row's
+            # reasoning effort from the sampling plan).
             payload["chat_template_kwargs"] = kwargs
         return self.request_path, payload
 

@@ -31,7 +31,7 @@ class SGLangEngine(HTTPEngine):
     request_path: ClassVar[str] = "/generate"
 
     def request_for(self, prompt: Prompt) -> tuple[str, dict[str, Any]]:
-        sampling = self.params
+        sampling = self.params.for_prompt(prompt)
         params: dict[str, Any] = {
             "max_new_tokens": sampling.max_tokens,
             "temperature": sampling.temperature,

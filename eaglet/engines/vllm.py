@@ -46,7 +46,7 @@ class VLLMEngine(HTTPEngine):
     request_path: ClassVar[str] = "/v1/completions"
 
     def request_for(self, prompt: Prompt) -> tuple[str, dict[str, Any]]:
-        params = self.params
+        params = self.params.for_prompt(prompt)
         payload: dict[str, Any] = {
             "model": self.config.generation.served_model,
             "prompt": prompt.prompt_ids,

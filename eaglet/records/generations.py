@@ -22,6 +22,8 @@ class Generation(Record):
     engine: str
     token_exact: bool = True
     raw: dict[str, Any] = {}
+    # generation.sampling_plan: the entry the row was generated with, from its prompt
+    sampling: dict[str, Any] | None = None
 
     @classmethod
     def answering(
@@ -43,4 +45,5 @@ class Generation(Record):
             engine=engine,
             token_exact=token_exact,
             raw=raw or {},
+            sampling=prompt.sampling,
         )

@@ -28,3 +28,5 @@ class Prompt(Record):
     # tokenize.regenerate="all": the dataset's user/tool messages after each later assistant
     # turn, one list per turn still to regenerate (see eaglet/turns.py).
     followups: list[list[dict[str, Any]]] = []
+    # generation.sampling_plan: the entry this row is generated with (eaglet/sampling_plan.py)
+    sampling: dict[str, Any] | None = None

@@ -47,6 +47,14 @@ def quality_markdown(report: dict) -> str:
         "Each template mismatch is in `template_mismatches.jsonl`; each disagreement between a "
         "server's text and the token split, with both texts, in `server_disagreements.jsonl`.",
     ]
+    settings = report.get("per_sampling", {})
+    if set(settings) - {"generation settings"}:  # generation.sampling_plan was used
+        lines += ["", "| sampling (generation.sampling_plan) | records | truncated | looped |"]
+        lines.append("|---|---|---|---|")
+        lines += [
+            f"| {label} | {c['records']} | {c['truncated']} | {c['looped']} |"
+            for label, c in settings.items()
+        ]
     return "\n".join(lines)
 
 

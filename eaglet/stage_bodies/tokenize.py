@@ -27,6 +27,7 @@ def run(
         tokenizer,
         config.tokenize,
         context,
+        config.generation,
     )
     if warning:
         ctx.warning(warning)
