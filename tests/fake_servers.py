@@ -126,6 +126,7 @@ class FakeServer:
         completion_token_ids: bool = True,
         loop_share: float = 0.0,
         token_delay_s: float = 0.0,
+        sglang_incremental: bool = False,
     ) -> None:
         self.tokenizer = tokenizer or ToyTokenizer()
         self.served_model = served_model
@@ -138,6 +139,7 @@ class FakeServer:
         self.completion_token_ids = completion_token_ids
         self.loop_share = loop_share
         self.token_delay_s = token_delay_s
+        self.sglang_incremental = sglang_incremental
         self.generated_tokens = 0
         self.storm_until = 0.0
         self.storm_status = "503"
@@ -223,6 +225,9 @@ class FakeServer:
             if path == "/v1/completions" and request.get("stream"):
                 await self._stream_completion(answer, send, receive)
                 return
+            if path == "/generate" and request.get("stream"):
+                await self._stream_generate(answer, send, receive)
+                return
             await asyncio.sleep(self.token_delay_s * self._output_tokens(answer))
             await _send_json(send, 200, answer)
         finally:
@@ -275,11 +280,9 @@ class FakeServer:
             self.generated_tokens += count
         return count
 
-    async def _stream_completion(self, answer: dict[str, Any], send, receive) -> None:
-        """`answer` (what `_completions` says) as vLLM streams it: a few ids per event, the
-        prompt ids in the first, the finish reason in the last; stops at a disconnect."""
-        (whole,) = answer["choices"]
-        ids = whole.get("token_ids")
+    async def _stream(self, send, receive, pieces: list[list[int]], event_for) -> None:
+        """Server-sent events, one per piece of output ids (`event_for(number, piece)` makes
+        each), then `[DONE]`; stops generating at a client disconnect."""
         headers = [(b"content-type", b"text/event-stream")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         gone = asyncio.Event()
@@ -291,31 +294,64 @@ class FakeServer:
 
         watcher = asyncio.create_task(watch())
         try:
-            chars = self.tokenizer.encode(whole["text"]) if ids is None else ids
-            pieces = [chars[i : i + 4] for i in range(0, len(chars), 4)] or [[]]
             for number, piece in enumerate(pieces):
                 await asyncio.sleep(self.token_delay_s * len(piece))
                 if gone.is_set():
                     return  # the client left: generate no more
                 with self._lock:
                     self.generated_tokens += len(piece)
-                last = number == len(pieces) - 1
-                choice: dict[str, Any] = {
-                    "index": 0,
-                    "text": self.tokenizer.decode(piece, skip_special_tokens=True),
-                    "finish_reason": whole["finish_reason"] if last else None,
-                    "stop_reason": whole["stop_reason"] if last else None,
-                }
-                if ids is not None:
-                    choice["token_ids"] = piece
-                    if number == 0:
-                        choice["prompt_token_ids"] = whole["prompt_token_ids"]
-                event = {"id": answer["id"], "object": "text_completion", "choices": [choice]}
-                await _send_event(send, event)
-            await _send_event(send, {"id": answer["id"], "choices": [], "usage": answer["usage"]})
+                await _send_event(send, event_for(number, piece))
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
         finally:
             watcher.cancel()
+
+    async def _stream_completion(self, answer: dict[str, Any], send, receive) -> None:
+        """`answer` (what `_completions` says) as vLLM streams it: a few ids per event, the
+        prompt ids in the first, the finish reason in the last, the usage after them."""
+        (whole,) = answer["choices"]
+        ids = whole.get("token_ids")
+        chars = self.tokenizer.encode(whole["text"]) if ids is None else ids
+        pieces = [chars[i : i + 4] for i in range(0, len(chars), 4)] or [[]]
+        choices = len(pieces)
+
+        def event_for(number: int, piece: list[int]) -> dict[str, Any]:
+            if number == choices:  # the usage event, after the last choice
+                return {"id": answer["id"], "choices": [], "usage": answer["usage"]}
+            last = number == choices - 1
+            choice: dict[str, Any] = {
+                "index": 0,
+                "text": self.tokenizer.decode(piece, skip_special_tokens=True),
+                "finish_reason": whole["finish_reason"] if last else None,
+                "stop_reason": whole["stop_reason"] if last else None,
+            }
+            if ids is not None:
+                choice["token_ids"] = piece
+                if number == 0:
+                    choice["prompt_token_ids"] = whole["prompt_token_ids"]
+            return {"id": answer["id"], "object": "text_completion", "choices": [choice]}
+
+        await self._stream(send, receive, [*pieces, []], event_for)
+
+    async def _stream_generate(self, answer: dict[str, Any], send, receive) -> None:
+        """`answer` (what `_generate` says) as SGLang's `/generate` streams it: by default each
+        event holds every output id and the text so far (`sglang_incremental`: only the new
+        ones, as with `--incremental-streaming-output`), its meta_info the count so far and,
+        in the last, the finish reason."""
+        ids = answer["output_ids"]
+        pieces = [ids[i : i + 4] for i in range(0, len(ids), 4)] or [[]]
+        sent: list[int] = []
+
+        def event_for(number: int, piece: list[int]) -> dict[str, Any]:
+            sent.extend(piece)
+            last = number == len(pieces) - 1
+            meta = dict(answer["meta_info"], completion_tokens=len(sent))
+            if not last:
+                meta["finish_reason"] = None
+            shown = piece if self.sglang_incremental else list(sent)
+            text = self.tokenizer.decode(shown, skip_special_tokens=True)
+            return {"text": text, "output_ids": shown, "meta_info": meta}
+
+        await self._stream(send, receive, pieces, event_for)
 
     def storm(self, seconds: float, status: str = "503") -> None:
         """Answer every generation request with `status` for the next `seconds`."""

@@ -218,7 +218,7 @@ def test_sglang_generate_schema(server):
     prompts = [make_prompt(i) for i in range(3)]
     sglang = collect(engine_for(make_config([url], "sglang", temperature=0.5, seed=3)), prompts)
     body = fake.log[0]["body"]
-    assert set(body) == {"input_ids", "sampling_params"}
+    assert set(body) == {"input_ids", "sampling_params", "stream"}  # streamed: the loop guard
     assert body["sampling_params"] == {
         "max_new_tokens": 128,
         "temperature": 0.5,

@@ -1,11 +1,13 @@
-"""The loop guard (eaglet/loop_guard.py): the detector, the vllm engine's streamed requests
-against the stand-in server (tests/fake_servers.py) with looping prompts, and extract's
+"""The loop guard (eaglet/loop_guard.py): the detector, the vllm and sglang engines' streamed
+requests against the stand-in server (tests/fake_servers.py) with looping prompts, and extract's
 `reasoning.looped_rows`. Against real vLLM: tests/test_engines_vllm.py."""
 
 from __future__ import annotations
 
 import json
 import random
+
+import pytest
 
 from eaglet.loop_guard import LoopDetector, first_loop
 from eaglet.records.generations import Generation
@@ -38,19 +40,30 @@ def test_ordinary_answers_are_not_stopped():
     assert first_loop(text, 32, 8) is None
 
 
-def test_the_vllm_engine_stops_looping_answers_and_keeps_the_others_token_exact():
-    server = FakeServer(TOKENIZER, loop_share=0.5, token_delay_s=0.0005)
+@pytest.mark.parametrize(
+    "engine, incremental",
+    [("vllm", False), ("sglang", False), ("sglang", True)],
+    ids=["vllm", "sglang-cumulative", "sglang-incremental"],
+)
+def test_the_engine_stops_looping_answers_and_keeps_the_others_token_exact(engine, incremental):
+    """Streamed as vLLM streams, and as SGLang does (every id so far in each event, its
+    default, or only the new ones with --incremental-streaming-output)."""
+    server = FakeServer(
+        TOKENIZER, loop_share=0.5, token_delay_s=0.0005, sglang_incremental=incremental
+    )
     prompts = [make_prompt(i) for i in range(12)]
     looping = {p.sample_id for p in prompts if server.loops(p.prompt_ids)}
     assert 0 < len(looping) < 12
     with serve(server) as url:
-        guarded = collect(engine_for(make_config([url], max_tokens=600)), prompts)
+        guarded = collect(engine_for(make_config([url], engine, max_tokens=600)), prompts)
         spent_guarded = server.generated_tokens
         server.generated_tokens = 0
-        plain = collect(engine_for(make_config([url], max_tokens=600, loop_guard=False)), prompts)
+        unguarded = make_config([url], engine, max_tokens=600, loop_guard=False)
+        plain = collect(engine_for(unguarded), prompts)
         spent_plain = server.generated_tokens
     by_id = {g.sample_id: g for g in plain}
     assert all(isinstance(g, Generation) for g in guarded + plain)
+    assert all(server.log[i]["body"].get("stream") for i in range(12))
     assert all(not server.log[i]["body"].get("stream") for i in range(12, 24))
     for record in guarded:
         full = by_id[record.sample_id]

@@ -448,7 +448,10 @@ class HTTPEngine:
                     chunk = json.loads(data)
                     if not isinstance(chunk, dict):
                         raise MalformedResponse(f"expected a JSON object, got {chunk!r:.80}")
-                    first = first or (chunk if chunk.get("choices") else None)
+                    # the first event with an answer in it (vLLM's first is not always one)
+                    first = first or (
+                        chunk if chunk.get("choices") or "output_ids" in chunk else None
+                    )
                     if detector.feed(self.read_stream_chunk(chunk, state)):
                         generation = self.looped(prompt, state, detector)
                         return self._success(generation, first or state)
