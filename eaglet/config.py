@@ -194,11 +194,11 @@ class GenerationConfig(_Strict):
     stop: list[str] = Field(default_factory=list, description="Extra stop strings.")
     loop_guard: bool = Field(
         True,
-        description="Stop an answer that repeats itself: the vllm and sglang engines stream "
-        "each answer and end the request once one n-gram of loop_ngram tokens has occurred "
-        "loop_repeats times, recording finish_reason 'loop' with the ids so far "
+        description="Stop an answer that repeats itself: the HTTP engines (vllm, sglang, "
+        "openai) stream each answer and end the request once one n-gram of loop_ngram tokens "
+        "has occurred loop_repeats times, recording finish_reason 'loop' with the ids so far "
         "(reasoning.looped_rows says whether extract keeps them). Off: every answer runs to "
-        "its end or max_tokens, unstreamed. The openai and local engines are not guarded.",
+        "its end or max_tokens, unstreamed. The local engine is not guarded.",
     )
     loop_ngram: int = Field(32, ge=2, le=4096, description="Loop guard: tokens per n-gram.")
     loop_repeats: int = Field(

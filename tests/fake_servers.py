@@ -225,6 +225,9 @@ class FakeServer:
             if path == "/v1/completions" and request.get("stream"):
                 await self._stream_completion(answer, send, receive)
                 return
+            if path == "/v1/chat/completions" and request.get("stream"):
+                await self._stream_chat(answer, send, receive)
+                return
             if path == "/generate" and request.get("stream"):
                 await self._stream_generate(answer, send, receive)
                 return
@@ -329,6 +332,48 @@ class FakeServer:
                 if number == 0:
                     choice["prompt_token_ids"] = whole["prompt_token_ids"]
             return {"id": answer["id"], "object": "text_completion", "choices": [choice]}
+
+        await self._stream(send, receive, [*pieces, []], event_for)
+
+    async def _stream_chat(self, answer: dict[str, Any], send, receive) -> None:
+        """`answer` (what `_chat` says) as vLLM streams a chat completion: a few output ids per
+        event (`token_ids` when they were asked for), the text they decode to as `delta`
+        pieces of the message's fields (the thinking before `</think>` in the reasoning field,
+        the tag itself in neither, as the reasoning parser splits it), the finish reason in
+        the last event, the usage after them."""
+        (whole,) = answer["choices"]
+        message, ids = whole["message"], whole.get("token_ids")
+        text = "".join(message.get(f) or "" for f in ("reasoning", "reasoning_content", "content"))
+        field = next((f for f in ("reasoning", "reasoning_content") if message.get(f)), None)
+        chars = self.tokenizer.encode(text) if ids is None else ids
+        pieces = [chars[i : i + 4] for i in range(0, len(chars), 4)] or [[]]
+        choices, at = len(pieces), [0]
+        split = len(message[field]) if field else 0  # where the reasoning field ends
+
+        def event_for(number: int, piece: list[int]) -> dict[str, Any]:
+            if number == choices:
+                return {"id": answer["id"], "choices": [], "usage": answer["usage"]}
+            piece_text = self.tokenizer.decode(piece, skip_special_tokens=True)
+            if ids is not None and field:  # the tag's id decodes to the tag: in neither field
+                piece_text = piece_text.replace("</think>", "")
+            start, at[0] = at[0], at[0] + len(piece_text)
+            delta: dict[str, Any] = {"role": "assistant"} if number == 0 else {}
+            if field and start < split:
+                delta[field] = text[start : min(at[0], split)]
+            if at[0] > split or not field:
+                delta["content"] = text[max(start, split) : at[0]]
+            last = number == choices - 1
+            choice: dict[str, Any] = {
+                "index": 0, "delta": delta,
+                "finish_reason": whole["finish_reason"] if last else None,
+                "stop_reason": whole["stop_reason"] if last else None,
+            }  # fmt: skip
+            if ids is not None:
+                choice["token_ids"] = piece
+            event = {"id": answer["id"], "object": "chat.completion.chunk", "choices": [choice]}
+            if number == 0 and "prompt_token_ids" in answer:
+                event["prompt_token_ids"] = answer["prompt_token_ids"]
+            return event
 
         await self._stream(send, receive, [*pieces, []], event_for)
 

@@ -154,15 +154,17 @@ def test_greedy_records_equal_the_local_engines(
                     assert "</think>" in record.raw["content"]
 
 
+@pytest.mark.parametrize("engine", ["vllm", "openai"])
 def test_the_loop_guard_streams_and_ends_looping_requests_in_real_vllm(
-    server, fixture_model_dir, tokenizer, prompts, local_records, tmp_path
+    engine, server, fixture_model_dir, tokenizer, prompts, local_records, tmp_path
 ):
-    """The vllm engine streams (the loop guard's default; the test above compares those
-    records with the local engine's). A guard set to stop at any repeated bigram ends real
-    requests mid-answer: each such record is a prefix of the full answer, finish 'loop'; the
-    server goes on serving, and the same prompts unstreamed (loop_guard off) come back whole."""
+    """The vllm and openai engines stream (the loop guard's default; the test above compares
+    those records with the local engine's). A guard set to stop at any repeated bigram ends
+    real requests mid-answer: each such record is a prefix of the full answer, finish 'loop';
+    the server goes on serving, and the same prompts unstreamed (loop_guard off) come back
+    whole."""
     url, _ = server
-    config = config_for(fixture_model_dir, url, "vllm")
+    config = config_for(fixture_model_dir, url, engine)
     hair_trigger = config.model_copy(
         update={"generation": config.generation.model_copy(
             update={"loop_ngram": 2, "loop_repeats": 2})}

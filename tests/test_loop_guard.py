@@ -41,16 +41,21 @@ def test_ordinary_answers_are_not_stopped():
 
 
 @pytest.mark.parametrize(
-    "engine, incremental",
-    [("vllm", False), ("sglang", False), ("sglang", True)],
-    ids=["vllm", "sglang-cumulative", "sglang-incremental"],
+    "engine, server_options",
+    [
+        ("vllm", {}),
+        ("sglang", {}),
+        ("sglang", {"sglang_incremental": True}),
+        ("openai", {}),
+        ("openai", {"chat_token_ids": False}),
+    ],
+    ids=["vllm", "sglang-cumulative", "sglang-incremental", "openai", "openai-text-only"],
 )
-def test_the_engine_stops_looping_answers_and_keeps_the_others_token_exact(engine, incremental):
-    """Streamed as vLLM streams, and as SGLang does (every id so far in each event, its
-    default, or only the new ones with --incremental-streaming-output)."""
-    server = FakeServer(
-        TOKENIZER, loop_share=0.5, token_delay_s=0.0005, sglang_incremental=incremental
-    )
+def test_the_engine_stops_looping_answers_and_keeps_the_others_token_exact(engine, server_options):
+    """Streamed as vLLM streams completions and chat completions (with token ids, or text
+    only: the guard reads the text's tokens), and as SGLang streams /generate (every id so far
+    in each event, its default, or only the new ones with --incremental-streaming-output)."""
+    server = FakeServer(TOKENIZER, loop_share=0.5, token_delay_s=0.0005, **server_options)
     prompts = [make_prompt(i) for i in range(12)]
     looping = {p.sample_id for p in prompts if server.loops(p.prompt_ids)}
     assert 0 < len(looping) < 12
@@ -74,7 +79,9 @@ def test_the_engine_stops_looping_answers_and_keeps_the_others_token_exact(engin
             assert record.raw["loop"]["ngram"] == 32 and record.raw["streamed"] is True
         else:
             assert (record.output_ids, record.finish_reason) == (full.output_ids, "stop")
-            assert record.token_exact and record.raw["text"] == full.raw["text"]
+            assert record.token_exact == full.token_exact == server.chat_token_ids
+            texts = ("text", "content", "reasoning")
+            assert [record.raw.get(k) for k in texts] == [full.raw.get(k) for k in texts]
     # the server stopped generating each looping answer once its request ended
     assert spent_guarded < 0.6 * spent_plain, (spent_guarded, spent_plain)
 

@@ -17,7 +17,7 @@ request per prompt. This module owns everything that is not the wire format of o
   `Authorization: Bearer` and scrubbed from every message eaglet writes.
 
 A subclass says only what to send (`request_for`) and how to read the answer (`parse`); one
-that streams (`streams()`: the vllm engine under the loop guard) also folds each server-sent
+that streams (`streams()`: every HTTP engine under the loop guard) also folds each server-sent
 event into its state (`read_stream_chunk`) and builds the record at the end (`finish_stream`)
 or when the loop guard stops the answer (`looped`); the same retries apply to a stream.
 The HTTP library is httpx2 (httpx's API): on one client core it sustains ~1.4x the requests/s

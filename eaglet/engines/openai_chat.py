@@ -11,6 +11,11 @@ target's raw format (`{reasoning}\\n</think>\\n\\n{content}<end>` when the promp
 The server's text fields (`content`, `reasoning`, `reasoning_content`, `tool_calls`) are kept
 in `raw`, so extraction can cross-check them against the token split.
 
+With `generation.loop_guard` (the default) the answer streams: the events' deltas (text fields,
+tool-call pieces by index, `token_ids` where the server sends them) are folded into the body an
+unstreamed answer has and read by the same `parse`; the loop guard reads each event's ids (or,
+from a server that sends none, its text tokenized) and can end a repeating answer.
+
 Construction: `OpenAIChatEngine(config: PipelineConfig, tokenizer, *, end_ids=None,
 http_library=None)`; the tokenizer is required (re-tokenizing, reasoning format).
 """
@@ -28,6 +33,7 @@ from eaglet.engines.http import (
     int_list,
     prompt_ids_check,
 )
+from eaglet.loop_guard import LoopDetector
 from eaglet.reasoning import (
     HARMONY_CHANNEL,
     HARMONY_END,
@@ -175,7 +181,100 @@ class OpenAIChatEngine(HTTPEngine):
             # vLLM and SGLang render with these, as our tokenize stage did (with the row's
             # reasoning effort from the sampling plan).
             payload["chat_template_kwargs"] = kwargs
+        if self.streams():
+            payload |= {"stream": True, "stream_options": {"include_usage": True}}
         return self.request_path, payload
+
+    def streams(self) -> bool:
+        return self.config.generation.loop_guard
+
+    def read_stream_chunk(self, chunk: dict[str, Any], state: dict[str, Any]) -> list[int]:
+        if chunk.get("usage"):
+            state["usage"] = chunk["usage"]
+        if chunk.get("prompt_token_ids") is not None:
+            state["prompt_token_ids"] = chunk["prompt_token_ids"]
+        choices = chunk.get("choices")
+        if not isinstance(choices, list):
+            raise MalformedResponse("a streamed event without choices")
+        if not choices:
+            return []  # the usage event
+        choice = choices[0]
+        delta = choice.get("delta") or {}
+        for name in ("content", "reasoning", "reasoning_content"):
+            if delta.get(name):
+                state.setdefault(name, []).append(delta[name])
+        for call in delta.get("tool_calls") or []:  # a call arrives in pieces, by its index
+            merged = state.setdefault("tool_calls", {}).setdefault(
+                call.get("index", 0), {"type": "function", "function": {"arguments": ""}}
+            )
+            function = call.get("function") or {}
+            if call.get("id"):
+                merged["id"] = call["id"]
+            if function.get("name"):
+                merged["function"]["name"] = function["name"]
+            merged["function"]["arguments"] += function.get("arguments") or ""
+        if choice.get("prompt_token_ids") is not None:
+            state["prompt_token_ids"] = choice["prompt_token_ids"]
+        if choice.get("finish_reason") is not None:
+            state["finish_reason"] = choice["finish_reason"]
+            state["stop_reason"] = choice.get("stop_reason")
+        if choice.get("token_ids") is not None:
+            new = int_list(choice["token_ids"], "choices[0].token_ids")
+            state.setdefault("token_ids", []).extend(new)
+            return new
+        # A server that sends no ids (the OpenAI API): the delta's text, tokenized, stands in
+        # for them in the loop guard; the record is rebuilt from the whole text at the end.
+        text = "".join(
+            delta.get(name) or "" for name in ("reasoning", "reasoning_content", "content")
+        )
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    def streamed_body(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The streamed events of one answer folded into the body an unstreamed answer has."""
+        message: dict[str, Any] = {
+            name: "".join(state[name])
+            for name in ("content", "reasoning", "reasoning_content")
+            if name in state
+        }
+        if state.get("tool_calls"):
+            message["tool_calls"] = [state["tool_calls"][i] for i in sorted(state["tool_calls"])]
+        choice: dict[str, Any] = {
+            "message": message,
+            "finish_reason": state.get("finish_reason"),
+            "stop_reason": state.get("stop_reason"),
+        }
+        if "token_ids" in state:
+            choice["token_ids"] = state["token_ids"]
+        body = {"choices": [choice], "usage": state.get("usage")}
+        if "prompt_token_ids" in state:
+            body["prompt_token_ids"] = state["prompt_token_ids"]
+        return body
+
+    def finish_stream(self, prompt: Prompt, state: dict[str, Any]) -> Generation:
+        if "finish_reason" not in state:
+            raise MalformedResponse("the stream ended before its finish_reason")
+        generation = self.parse(prompt, self.streamed_body(state))
+        generation.raw["streamed"] = True
+        return generation
+
+    def looped(self, prompt: Prompt, state: dict[str, Any], detector: LoopDetector) -> Generation:
+        body = self.streamed_body(state)
+        message = body["choices"][0]["message"]
+        raw: dict[str, Any] = {k: message[k] for k in TEXT_FIELDS if k in message}
+        raw |= {"finish_reason": "loop", "streamed": True, "loop": detector.evidence()}
+        if "token_ids" in state:
+            ids = list(state["token_ids"])
+            mismatch = prompt_ids_check(prompt.prompt_ids, state.get("prompt_token_ids"))
+            raw |= mismatch
+            token_exact = not mismatch
+        else:
+            text = rebuild_output_text(message, self.reasoning_format, finished=False)
+            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            raw["rebuilt_from_text"] = True
+            token_exact = False
+        return Generation.answering(
+            prompt, ids, "loop", self.name, token_exact=token_exact, raw=raw
+        )
 
     def on_client_error(self, status: int, message: str) -> bool:
         # A strict server (the OpenAI API itself) rejects fields it does not know.
