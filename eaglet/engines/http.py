@@ -126,6 +126,17 @@ def server_message(body: bytes) -> str:
     return text[:MESSAGE_CHARS]
 
 
+def streamed_choice(chunk: dict[str, Any], state: dict[str, Any]) -> dict[str, Any] | None:
+    """The first choice of an OpenAI-style streamed event (None for the usage event, whose
+    usage goes into `state`); an event without a choices list is malformed."""
+    if chunk.get("usage"):
+        state["usage"] = chunk["usage"]
+    choices = chunk.get("choices")
+    if not isinstance(choices, list):
+        raise MalformedResponse("a streamed event without choices")
+    return choices[0] if choices else None
+
+
 def int_list(value: Any, what: str) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(i, int) for i in value):
         raise MalformedResponse(f"{what} is not a list of token ids")

@@ -32,6 +32,7 @@ from eaglet.engines.http import (
     RetryableResponse,
     int_list,
     prompt_ids_check,
+    streamed_choice,
 )
 from eaglet.loop_guard import LoopDetector
 from eaglet.reasoning import (
@@ -189,16 +190,11 @@ class OpenAIChatEngine(HTTPEngine):
         return self.config.generation.loop_guard
 
     def read_stream_chunk(self, chunk: dict[str, Any], state: dict[str, Any]) -> list[int]:
-        if chunk.get("usage"):
-            state["usage"] = chunk["usage"]
         if chunk.get("prompt_token_ids") is not None:
             state["prompt_token_ids"] = chunk["prompt_token_ids"]
-        choices = chunk.get("choices")
-        if not isinstance(choices, list):
-            raise MalformedResponse("a streamed event without choices")
-        if not choices:
+        choice = streamed_choice(chunk, state)
+        if choice is None:
             return []  # the usage event
-        choice = choices[0]
         delta = choice.get("delta") or {}
         for name in ("content", "reasoning", "reasoning_content"):
             if delta.get(name):

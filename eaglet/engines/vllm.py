@@ -27,6 +27,7 @@ from eaglet.engines.http import (
     RetryableResponse,
     int_list,
     prompt_ids_check,
+    streamed_choice,
 )
 from eaglet.loop_guard import LoopDetector
 from eaglet.records.generations import Generation
@@ -80,14 +81,9 @@ class VLLMEngine(HTTPEngine):
         )
 
     def read_stream_chunk(self, chunk: dict[str, Any], state: dict[str, Any]) -> list[int]:
-        if chunk.get("usage"):
-            state["usage"] = chunk["usage"]
-        choices = chunk.get("choices")
-        if not isinstance(choices, list):
-            raise MalformedResponse("a streamed event without choices")
-        if not choices:
+        choice = streamed_choice(chunk, state)
+        if choice is None:
             return []  # the usage event
-        choice = choices[0]
         new_ids = token_ids(choice)
         state.setdefault("token_ids", []).extend(new_ids)
         state.setdefault("text_pieces", []).append(choice.get("text") or "")  # joined once
