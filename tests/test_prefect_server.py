@@ -98,12 +98,38 @@ class RetryingTransport(httpx.HTTPTransport):
         raise AssertionError("unreachable")
 
 
+SERVED = {"pipeline", "pipeline-short-form", "generate-only"}  # what `eaglet serve` serves
+
+
 @dataclass
 class Served:
     client: httpx.Client
     deployments: dict[str, str]  # name -> id
     api: str
     project: Path  # the copy of the project the deployments run from (their working dir)
+    env: dict  # the environment `eaglet serve` runs in
+    runner: subprocess.Popen | None = None  # `eaglet serve`
+
+    def start_serve(self, log: str = "serve.log") -> None:
+        """Start `eaglet serve` and wait for its deployments."""
+        self.runner = _start(
+            [sys.executable, "-m", "eaglet_prefect.flows.cli", "serve"],
+            {**self.env, "PYTHONPATH": str(self.project)},
+            Path(self.env["PREFECT_HOME"]) / log,
+            cwd=self.project,
+        )
+
+        def deployments():
+            found = self.client.post("/deployments/filter", json={}).json()
+            ready = {d["name"]: d["id"] for d in found if not d["paused"]}
+            return ready if SERVED <= ready.keys() else None
+
+        self.deployments = _wait_for(deployments, 120, "the served deployments")
+
+    def stop_serve(self) -> None:
+        if self.runner is not None:
+            _stop(self.runner)
+            self.runner = None
 
 
 @pytest.fixture(scope="module")
@@ -124,28 +150,13 @@ def served(tmp_path_factory):
         "PREFECT_RUNNER_POLL_FREQUENCY": "1",
     }
     server = _start_prefect_server(port, env, home / "server.log")
-    runner = None
+    client = httpx.Client(base_url=api, timeout=30, transport=RetryingTransport())
+    served = Served(client, {}, api, project, env)
     try:
-        runner = _start(
-            [sys.executable, "-m", "eaglet_prefect.flows.cli", "serve"],
-            {**env, "PYTHONPATH": str(project)},
-            home / "serve.log",
-            cwd=project,
-        )
-        client = httpx.Client(base_url=api, timeout=30, transport=RetryingTransport())
-
-        def deployments():
-            found = {d["name"]: d["id"] for d in client.post("/deployments/filter", json={}).json()}
-            return (
-                found
-                if {"pipeline", "pipeline-short-form", "generate-only"} <= found.keys()
-                else None
-            )
-
-        yield Served(client, _wait_for(deployments, 60, "the served deployments"), api, project)
+        served.start_serve()
+        yield served
     finally:
-        if runner is not None:
-            _stop(runner)
+        served.stop_serve()
         _stop(server)
 
 
@@ -599,4 +610,124 @@ def test_a_whole_run_shows_its_plots_and_every_artifact_is_keyed_described_and_c
                 "img => img.complete && img.naturalWidth > 0", arg=image.element_handle()
             )
             page.screenshot(path=str(artifacts / f"prefect-ui-{key}.png"), full_page=True)
+        context.close()
+
+
+def _fill_short_form(page, fields: dict) -> None:
+    for label, value in fields.items():
+        field = _property(page, label).locator("textarea, input").first
+        field.fill(str(value))
+        field.press("Tab")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed")
+def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_data_dir):
+    """What a user of the Prefect UI does, in headless Chromium, in order: triggers a run from
+    the short form and sees its first progress lines on the run page, sees it complete, runs
+    it again and sees every task Cached, inspects a failed run (red badge, the failure's
+    advice in UI terms), and adds a nightly schedule with the deployment page's *Schedule*
+    button that is still there after `eaglet serve` restarts. The seconds from *Submit* to
+    the first progress line are printed; screenshots go to tests/artifacts/journey-*.png."""
+    import yaml
+    from playwright.sync_api import sync_playwright
+
+    base_file = tmp_path / "base.yaml"
+    base_file.write_text(
+        yaml.safe_dump(_config(tmp_path, fixture_model_dir, sample_data_dir, "name=journey"))
+    )
+    fields = {"config_path": base_file, "work_dir": tmp_path / "journey-work", "epochs": 1}
+    client, base = served.client, served.api.removesuffix("/api")
+    artifacts = ROOT / "tests" / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    seen: set[str] = set()
+
+    def new_run(deployment: str):
+        def submitted():
+            runs = client.post(
+                "/flow_runs/filter",
+                json={"deployments": {"id": {"any_": [served.deployments[deployment]]}}},
+            ).json()
+            return next((r for r in runs if r["id"] not in seen), None)
+
+        run = _wait_for(submitted, 60, f"a new run of {deployment}")
+        seen.add(run["id"])
+        return run
+
+    with sync_playwright() as playwright:
+        context, page = _browser(playwright, tmp_path, base)
+        # 1. trigger from the short form; the run page shows progress lines as they come
+        _open_custom_run(page, base, "pipeline-short-form")
+        _fill_short_form(page, fields)
+        page.get_by_role("button", name="Submit").click()
+        submitted_at = time.monotonic()
+        page.get_by_text("scheduled to start").last.wait_for()
+        run = new_run("pipeline-short-form")
+        page.goto(f"{base}/runs/flow-run/{run['id']}")
+        page.get_by_text("preflight: ok").first.wait_for(timeout=180_000)
+        first_line_s = time.monotonic() - submitted_at
+        print(f"first progress line on the run page {first_line_s:.1f} s after Submit")
+        read = page.get_by_text(re.compile(r"read \d+ samples")).first
+        read.wait_for(timeout=180_000)
+        read.scroll_into_view_if_needed()
+        page.screenshot(path=str(artifacts / "journey-progress.png"), full_page=False)
+        run, tasks = _finished(client, run["id"])
+        assert run["state"]["type"] == "COMPLETED", run["state"]
+        page.reload()
+        page.locator(".state-badge", has_text="Completed").first.wait_for()
+        page.screenshot(path=str(artifacts / "journey-completed.png"), full_page=False)
+
+        # 2. the same run again: every task Cached, as its page says
+        _open_custom_run(page, base, "pipeline-short-form")
+        _fill_short_form(page, fields)
+        page.screenshot(path=str(artifacts / "journey-again-form.png"), full_page=True)
+        page.get_by_role("button", name="Submit").click()
+        page.get_by_text("scheduled to start").last.wait_for()
+        again, again_tasks = _finished(client, new_run("pipeline-short-form")["id"])
+        assert _states(again_tasks, "journey") == dict.fromkeys(STAGES, "Cached")
+        page.goto(f"{base}/runs/flow-run/{again['id']}")
+        page.get_by_text("Finished in state Cached").first.wait_for()
+        page.locator(".state-badge", has_text="Completed").first.wait_for()
+        page.screenshot(path=str(artifacts / "journey-cached.png"), full_page=False)
+
+        # 3. a failed run (its server is down), inspected on its page
+        dead = {
+            "config_path": str(base_file), "work_dir": str(tmp_path / "dead-work"),
+            "engine": "vllm", "endpoints": ["http://127.0.0.1:9"],
+        }  # fmt: skip
+        response = client.post(
+            f"/deployments/{served.deployments['pipeline-short-form']}/create_flow_run",
+            json={"parameters": dead},
+        )
+        failed, _ = _finished(client, response.json()["id"])
+        seen.add(failed["id"])
+        assert failed["state"]["type"] == "FAILED"
+        page.goto(f"{base}/runs/flow-run/{failed['id']}")
+        page.locator(".state-badge", has_text="Failed").first.wait_for()
+        page.get_by_text("is not reachable").first.wait_for()
+        # the failure's advice in the log, in UI terms (its markdown shows as written)
+        page.get_by_text(re.compile(r"Retry\W* button on this flow run's page")).first.wait_for()
+        page.screenshot(path=str(artifacts / "journey-failed.png"), full_page=False)
+
+        # 4. a nightly schedule added on the deployment's page
+        page.goto(f"{base}/deployments/deployment/{served.deployments['pipeline']}")
+        page.get_by_role("button", name="Schedule", exact=True).click()
+        dialog = page.get_by_role("dialog")
+        dialog.get_by_role("button", name="Cron", exact=True).click()
+        dialog.locator("input[type=text]").nth(1).fill("0 3 * * *")
+        dialog.get_by_role("button", name="Save", exact=True).click()
+        dialog.wait_for(state="hidden")
+
+        def cron_schedules() -> list:
+            deployment = client.get(f"/deployments/{served.deployments['pipeline']}").json()
+            return [(s["schedule"].get("cron"), s["active"]) for s in deployment["schedules"]]
+
+        assert _wait_for(cron_schedules, 30, "the schedule saved") == [("0 3 * * *", True)]
+        served.stop_serve()
+        served.start_serve("serve-restarted.log")
+        assert cron_schedules() == [("0 3 * * *", True)]
+        page.goto(f"{base}/deployments/deployment/{served.deployments['pipeline']}")
+        page.get_by_text("At 03:00 AM").first.wait_for()
+        page.wait_for_load_state("networkidle")
+        page.screenshot(path=str(artifacts / "journey-schedule.png"), full_page=False)
         context.close()
