@@ -8,6 +8,7 @@
 
     python benchmarks/loop_guard.py [--prompts 200] [--loop-share 0.3] [--max-tokens 2048]
                                     [--generations runs/demo/generate/*/generations.jsonl]
+                                    [--engines vllm,sglang,openai]
 
 Counts, not time, are the measure here; the load average is printed beside them all the same.
 """
@@ -36,11 +37,15 @@ def load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def spend(url: str, server: FakeServer, prompts: list, max_tokens: int, guard: bool) -> dict:
+def spend(
+    url: str, server: FakeServer, prompts: list, max_tokens: int, guard: bool, engine_name: str
+) -> dict:
     """Server tokens and usable samples of one pass over `prompts`."""
     from eaglet.engines.registry import make_engine
 
-    config = make_config([url], max_tokens=max_tokens, loop_guard=guard, concurrency=32)
+    config = make_config(
+        [url], engine_name, max_tokens=max_tokens, loop_guard=guard, concurrency=32
+    )
     engine = make_engine(config, TOKENIZER, end_ids=[EOS_ID])
     server.generated_tokens = 0
 
@@ -66,6 +71,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=2048)
     parser.add_argument("--token-delay-s", type=float, default=0.0002)
     parser.add_argument("--generations", nargs="*", default=None)
+    parser.add_argument(
+        "--engines", default="vllm,sglang,openai", help="HTTP engines to measure, comma-separated"
+    )
     args = parser.parse_args()
     defaults = GenerationConfig()
     print(
@@ -75,23 +83,26 @@ def main() -> None:
     server = FakeServer(TOKENIZER, loop_share=args.loop_share, token_delay_s=args.token_delay_s)
     prompts = [make_prompt(i) for i in range(args.prompts)]
     looping = sum(server.loops(p.prompt_ids) for p in prompts)
-    with serve(server) as url:
-        without = spend(url, server, prompts, args.max_tokens, guard=False)
-        with_guard = spend(url, server, prompts, args.max_tokens, guard=True)
     print(
         f"\n## Stand-in server: {args.prompts} prompts, {looping} looping "
         f"({looping / args.prompts:.0%}), max_tokens {args.max_tokens}\n"
     )
-    print("| loop guard | server tokens | usable | looped | truncated | tokens per usable |")
-    print("|---|---|---|---|---|---|")
-    for name, r in (("off", without), ("on", with_guard)):
-        print(
-            f"| {name} | {r['tokens']:,} | {r['usable']} | {r['looped']} | {r['truncated']} | "
-            f"{r['per_usable']:.0f} |"
-        )
-    ratio = with_guard["tokens"] / without["tokens"]
-    print(f"\nserver tokens with the guard / without: {ratio:.3f} ({1 - ratio:.0%} fewer); "
-          f"load {load()}")  # fmt: skip
+    print(
+        "| engine | loop guard | server tokens | usable | looped | truncated | tokens per usable |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    with serve(server) as url:
+        for engine_name in args.engines.split(","):
+            without = spend(url, server, prompts, args.max_tokens, False, engine_name)
+            with_guard = spend(url, server, prompts, args.max_tokens, True, engine_name)
+            for name, r in (("off", without), ("on", with_guard)):
+                print(
+                    f"| {engine_name} | {name} | {r['tokens']:,} | {r['usable']} | "
+                    f"{r['looped']} | {r['truncated']} | {r['per_usable']:.0f} |"
+                )
+            ratio = with_guard["tokens"] / without["tokens"]
+            print(f"| {engine_name} | on / off | {ratio:.3f} ({1 - ratio:.0%} fewer) | | | | |")
+    print(f"\nload {load()}")
 
     paths = args.generations
     if paths is None:

@@ -1,4 +1,4 @@
-"""The loop guard (eaglet/loop_guard.py): the detector, the vllm and sglang engines' streamed
+"""The loop guard (eaglet/loop_guard.py): the detector, the HTTP engines' streamed
 requests against the stand-in server (tests/fake_servers.py) with looping prompts, and extract's
 `reasoning.looped_rows`. Against real vLLM: tests/test_engines_vllm.py."""
 
