@@ -640,15 +640,18 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
     client, base = served.client, served.api.removesuffix("/api")
     artifacts = ROOT / "tests" / "artifacts"
     artifacts.mkdir(exist_ok=True)
-    seen: set[str] = set()
+
+    def runs_of(deployment: str) -> list[dict]:
+        return client.post(
+            "/flow_runs/filter",
+            json={"deployments": {"id": {"any_": [served.deployments[deployment]]}}},
+        ).json()
+
+    seen = {r["id"] for r in runs_of("pipeline-short-form")}  # earlier tests' runs
 
     def new_run(deployment: str):
         def submitted():
-            runs = client.post(
-                "/flow_runs/filter",
-                json={"deployments": {"id": {"any_": [served.deployments[deployment]]}}},
-            ).json()
-            return next((r for r in runs if r["id"] not in seen), None)
+            return next((r for r in runs_of(deployment) if r["id"] not in seen), None)
 
         run = _wait_for(submitted, 60, f"a new run of {deployment}")
         seen.add(run["id"])
