@@ -598,6 +598,18 @@ def check_vllm_python(config: PipelineConfig, report: PreflightReport) -> None:
                 f"{setting}: {python} is not an executable file: give the python of a venv "
                 "with vLLM installed (e.g. .vllm-venv/bin/python)"
             )
+    if wanted["evaluate.vllm_python"] and config.evaluate.temperature > 0:
+        import torch
+
+        if not torch.cuda.is_available():  # the vLLM eaglet starts here is its CPU build
+            report.problems.append(
+                f"evaluate.temperature={config.evaluate.temperature:g} with evaluate.serving="
+                "vllm on a vLLM eaglet starts on this CPU: vLLM 0.32's CPU build verifies sampled "
+                "drafts wrongly (its _expand_kernel_impl casts each request's temperature to "
+                "an integer), so the served check would fail after the whole run; set "
+                "evaluate.temperature: 0, evaluate.serving: none, or a GPU server in "
+                "evaluate.serving_endpoint"
+            )
 
 
 ENDPOINT_TIMEOUT_S = 5.0

@@ -306,6 +306,19 @@ def test_a_vllm_python_that_is_not_there_is_named_before_any_stage(setup, tmp_pa
     assert not run(setup, evaluate__serving="vllm", evaluate__vllm_python=sys.executable)
 
 
+def test_a_sampled_served_check_on_a_cpu_vllm_is_refused_before_any_stage(setup):
+    """vLLM 0.32's CPU build cannot verify sampled drafts (tests/test_serving_vllm.py): the
+    served check at evaluate.temperature > 0 would fail only after the whole run."""
+    sampled = dict(
+        evaluate__serving="vllm", evaluate__vllm_python=sys.executable, evaluate__temperature=0.6
+    )
+    problems = run(setup, **sampled)
+    assert any(
+        p.startswith("evaluate.temperature=0.6 with evaluate.serving=vllm") for p in problems
+    )
+    assert not run(setup, **{**sampled, "evaluate__temperature": 0.0})
+
+
 @pytest.fixture
 def not_vllm():
     """A real HTTP server that is not vLLM: every path answers 404."""
