@@ -173,7 +173,9 @@ def write_prompts(
         open(folder / REJECTED_FILE, "w", encoding="utf-8") as rejects,
     ):
         for position, sample in enumerate(read_jsonl(samples_path, Sample)):
-            sampling = generation and choose(generation, sample.sample_id, position)
+            sampling = (
+                None if generation is None else choose(generation, sample.sample_id, position)
+            )
             problem: tuple[str, str] | None = None
             if why := too_many_characters(sample, tokenize.max_prompt_tokens, longest_token):
                 problem = ("too_long", why)

@@ -490,14 +490,13 @@ def evaluate_draft(
     k = num_speculative_tokens
     report = evaluate_loaded(trained, k=k, progress=counter.callback(f"draft at k={k}"), **common)
     report.update(draft="trained", draft_dir=str(draft_dir), device=str(model.device))
-    if every_k:
-        report["tau_by_k"] = {str(k): report["tau"]}
-        for j in range(1, k):
-            shorter = evaluate_loaded(
+    if every_k:  # k's own tau is the pass above
+        report["tau_by_k"] = {
+            str(j): report["tau"] if j == k else evaluate_loaded(
                 trained, k=j, progress=counter.callback(f"draft at k={j}"), **common
-            )
-            report["tau_by_k"][str(j)] = shorter["tau"]
-        report["tau_by_k"] = dict(sorted(report["tau_by_k"].items(), key=lambda kv: int(kv[0])))
+            )["tau"]
+            for j in range(1, k + 1)
+        }  # fmt: skip
     if sampling is not None:
         name = f"draft at k={k}, T={sampling.temperature:g}"
         generator = torch.Generator(device=model.device).manual_seed(sampling_seed)
