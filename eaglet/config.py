@@ -81,10 +81,57 @@ def _say_bounds(schema: dict[str, Any]) -> None:
             prop["description"] = f"{prop['description'].rstrip()} Range: {bounds}."
 
 
+def _blank_means_none(schema: dict[str, Any]) -> None:
+    """The Prefect UI's form shows an optional field (`str | None`, `int | None`) as a type/None
+    toggle; its schema here has only the value's type and no null default, so the form shows
+    one plain input, left blank for None (an enum gets a blank first choice). Prefect's
+    parameter check still takes null for it: an optional property without a default may be
+    null there (`prefect.utilities.schema_tools.validation`)."""
+    for prop in schema.get("properties", {}).values():
+        options = prop.get("anyOf", [])
+        if not any(option.get("type") == "null" for option in options):
+            continue
+        kept = [option for option in prop.pop("anyOf") if option.get("type") != "null"]
+        if len(kept) == 1:
+            prop.update(kept[0])
+        else:
+            prop["anyOf"] = kept
+        if "const" in prop:
+            prop["enum"] = [prop.pop("const")]
+        if "enum" in prop:  # the form shows the strings; null stays valid for Prefect's check
+            prop["enum"] = ["", *prop["enum"], None]
+        if "default" in prop and prop["default"] is None:
+            del prop["default"]
+
+
+def _form_schema(schema: dict[str, Any]) -> None:
+    _blank_means_none(schema)
+    _say_bounds(schema)
+
+
+def is_blank(value: Any) -> bool:
+    """What a form field left blank sends: an empty or all-space text, or an empty list."""
+    return (isinstance(value, str) and not value.strip()) or value == []
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, json_schema_extra=_say_bounds
+        extra="forbid", validate_assignment=True, json_schema_extra=_form_schema
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _blank_is_none(cls, data: Any) -> Any:
+        """A blank value of a field whose default is None (a form field left blank) is None."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {
+            key: None
+            if key in fields and fields[key].default is None and is_blank(value)
+            else value
+            for key, value in data.items()
+        }
 
 
 class DatasetSpec(_Strict):
@@ -99,7 +146,7 @@ class DatasetSpec(_Strict):
         description="Hugging Face hub dataset id, or a local .json/.jsonl/.parquet file.",
     )
     split: str = Field("train", description="Dataset split to read.")
-    limit: int | None = Field(None, ge=1, description="Read at most this many rows (None: all).")
+    limit: int | None = Field(None, ge=1, description="Read at most this many rows (blank: all).")
     revision: str | None = Field(None, description="Hub revision (commit or tag) to pin.")
     name: str | None = Field(None, description="Hub dataset config name, if any.")
 
@@ -355,7 +402,7 @@ class HiddenStatesConfig(_Strict):
         None,
         description="Target layers whose states feed the draft, in the vLLM/speculators "
         "convention (id i = HF hidden_states[i], the input of layer i; 0 = the embeddings, "
-        "which SGLang's convention cannot name). None = (2, N//2, N-3).",
+        "which SGLang's convention cannot name). Blank (null) = (2, N//2, N-3).",
     )
     shard_tokens: int = Field(
         65536, ge=256, description="Tokens per safetensors shard before a new one is started."
@@ -391,7 +438,7 @@ class HiddenStatesConfig(_Strict):
     device_map: Literal["auto"] | None = Field(
         None,
         description="hf backend: 'auto' spreads a model larger than one GPU over all GPUs "
-        "(transformers device_map); None loads it on target.device.",
+        "(transformers device_map); blank (null) loads it on target.device.",
         json_schema_extra=CACHE_NEUTRAL,
     )
     endpoints: list[BaseUrl] = Field(
@@ -536,7 +583,9 @@ class TrainConfig(_Strict):
         description="With keep_best: tau, the tokens generated per held-out prompt.",
     )
     intermediate_size: int | None = Field(
-        None, ge=1, description="Draft MLP width; None = the target's, as published drafts do."
+        None,
+        ge=1,
+        description="Draft MLP width; blank (null) = the target's, as published drafts do.",
     )
     init_from: str | None = Field(
         None,
@@ -544,7 +593,7 @@ class TrainConfig(_Strict):
         "with config.json and model.safetensors in eaglet's, vLLM/EAGLE-3's, SpecForge's or "
         "speculators' format. Its shape, variants, vocabulary and weights are kept; it must "
         "read this target's hidden size, vocabulary and hidden_states.aux_layer_ids (checked "
-        "before the first stage). None = a fresh draft.",
+        "before the first stage). Blank (null) = a fresh draft.",
     )
     init_from_layer_convention: Literal["auto", "vllm", "sglang"] = Field(
         "auto",
@@ -617,9 +666,10 @@ class TrainConfig(_Strict):
         None,
         ge=1,
         le=1024,
-        description="torch intra-op threads per training process; None = eaglet's choice, as "
-        "in every torch stage: the CPUs the process may use (affinity, cgroup quota) less those "
-        "other processes keep busy when the stage starts (OMP_NUM_THREADS, when set, wins).",
+        description="torch intra-op threads per training process; blank (null) = eaglet's "
+        "choice, as in every torch stage: the CPUs the process may use (affinity, cgroup "
+        "quota) less those other processes keep busy when the stage starts (OMP_NUM_THREADS, "
+        "when set, wins).",
         json_schema_extra=CACHE_NEUTRAL,
     )
     nproc_per_node: int = Field(
@@ -637,7 +687,9 @@ class TrainConfig(_Strict):
         description="Optimizer steps between checkpoints (resume points); 0 = every epoch's end.",
     )
     max_steps: int | None = Field(
-        None, ge=1, description="Stop (and save) after this many steps in total; None = all."
+        None,
+        ge=1,
+        description="Stop (and save) after this many steps in total; blank (null) = all.",
     )
     hidden_states: Literal["offline", "online"] = Field(
         "offline",
@@ -705,7 +757,7 @@ class EvaluateConfig(_Strict):
     serving_endpoint: BaseUrl | None = Field(
         None,
         description="Base URL of a running vLLM server that already serves the target with this "
-        "draft (k = num_speculative_tokens); None = eaglet starts one with vllm_python.",
+        "draft (k = num_speculative_tokens); blank (null) = eaglet starts one with vllm_python.",
     )
     vllm_python: str | None = Field(
         None,
@@ -749,7 +801,7 @@ class ExecutionConfig(_Strict):
     )
     dask_address: str | None = Field(
         None,
-        description="Address of an existing Dask scheduler (tcp://host:8786); None with "
+        description="Address of an existing Dask scheduler (tcp://host:8786); blank (null) with "
         "task_runner=dask starts a local cluster of dask_workers processes.",
     )
     dask_workers: int = Field(

@@ -155,6 +155,8 @@ STAGE_LIST: tuple[Stage, ...] = (
 
 STAGES: tuple[str, ...] = tuple(stage.name for stage in STAGE_LIST)
 StageName = Literal[STAGES]  # type: ignore[valid-type]  # the same names, for forms and CLIs
+# A form's "refresh from" choice: a stage, or "" (blank) for none, so the form needs no toggle.
+RefreshFrom = Literal[("",) + STAGES]  # type: ignore[valid-type]
 STAGE = {stage.name: stage for stage in STAGE_LIST}
 PRODUCER = {stage.output: stage.name for stage in STAGE_LIST}  # output name -> stage name
 

@@ -70,14 +70,17 @@ def _run_pipeline(
         server = None
     if server is None:
         return pipeline(
-            config=config, until=until, refresh_from=refresh_from, retry_failed=retry_failed
+            config=config, until=until, refresh_from=refresh_from or "", retry_failed=retry_failed
         )
     server.wait()
     os.environ["PREFECT_API_URL"] = server.api_url  # for the processes the run starts
     try:
         with temporary_settings({PREFECT_API_URL: server.api_url}):
             return pipeline(
-                config=config, until=until, refresh_from=refresh_from, retry_failed=retry_failed
+                config=config,
+                until=until,
+                refresh_from=refresh_from or "",
+                retry_failed=retry_failed,
             )
     finally:
         del os.environ["PREFECT_API_URL"]  # the server stops at exit, after Prefect's hooks

@@ -21,7 +21,7 @@ from eaglet.run_report import (
     write_run_record,
     write_run_report,
 )
-from eaglet.stages import STAGE_LIST, STAGES, StageName
+from eaglet.stages import STAGE_LIST, STAGES, RefreshFrom, StageName
 from eaglet.storage import stage_dir
 from eaglet_prefect.tasks.caching import partial_folder, result_storage_path, stage_failure
 from eaglet_prefect.tasks.hidden_states import map_hidden_state_shards
@@ -96,9 +96,9 @@ def interrupted_entry(
 @flow(name="eaglet-pipeline", flow_run_name=run_name, log_prints=True)
 def pipeline(
     config: PipelineConfig = PipelineConfig(),  # noqa: B008 - the UI form shows these defaults
-    config_path: str | None = None,
+    config_path: str = "",
     until: StageName = "evaluate",
-    refresh_from: StageName | None = None,
+    refresh_from: RefreshFrom = "",
     retry_failed: bool = False,
 ) -> dict:
     """Regenerate the target's answers and train an EAGLE-3 draft on them.
@@ -121,7 +121,7 @@ def pipeline(
     start_run()
     if config_path:
         config = load_config(config_path)
-    return run_stages(config, config_path, until, refresh_from, retry_failed)
+    return run_stages(config, config_path or None, until, refresh_from or None, retry_failed)
 
 
 def start_run() -> None:

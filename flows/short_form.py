@@ -3,7 +3,7 @@ base config (`eaglet.short_form`), then the same stages as the `pipeline` flow."
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from prefect import flow
 from prefect.runtime import flow_run
@@ -11,10 +11,8 @@ from pydantic import Field
 
 from eaglet.config import load_config
 from eaglet.short_form import EngineChoice, ShortFormDataset, short_form_overrides
-from eaglet.stages import STAGES, StageName
+from eaglet.stages import RefreshFrom, StageName
 from eaglet_prefect.flows.pipeline import run_label, run_stages, start_run
-
-RefreshFrom = Literal[("",) + STAGES]  # type: ignore[valid-type]  # "": reuse every stage
 
 
 def short_form_run_name() -> str:
