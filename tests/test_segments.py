@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from eaglet.draft.evaluate import evaluate_draft, greedy_generate, load_target
-from eaglet.draft.segments import emitted_per_round, round_segments, token_segments
+from eaglet.draft.segments import segment_rounds, token_segments
 from eaglet.reasoning import ThinkOpenInPrompt, detect_format
 from tests import test_train_eval
 from tests.real_tokenizers import o200k_harmony_tokenizer, qwen3_tokenizer
@@ -57,9 +57,9 @@ def test_rounds_take_the_segment_of_their_first_verified_position():
     # rounds accept 2, 0, 3, 4: pending tokens at 0, 3, 4, 8; the last round's drafts run
     # past the end (a stop inside them), the output ends at index 11
     accepted = [2, 0, 3, 4]
-    assert round_segments(out, accepted, labels) == ["thinking", "thinking", "answer", "answer"]
-    assert emitted_per_round(out, accepted) == [3, 1, 4, 3]
-    assert sum(emitted_per_round(out, accepted)) == len(out) - 1
+    rounds = segment_rounds(out, accepted, labels)
+    assert rounds == [("thinking", 2, 3), ("thinking", 0, 1), ("answer", 3, 4), ("answer", 4, 3)]
+    assert sum(emitted for _, _, emitted in rounds) == len(out) - 1
 
 
 def test_segment_taus_weigh_into_the_whole_tau(trained, world):

@@ -42,8 +42,7 @@ from eaglet.draft.model import Eagle3Draft, KVCache, ttt_attention_mask
 from eaglet.draft.rejection import Sampling
 from eaglet.draft.sampled import DRAFT_SAMPLING
 from eaglet.draft.segments import (
-    emitted_per_round,
-    round_segments,
+    segment_rounds,
     segment_stats,
     token_segments,
 )
@@ -323,7 +322,7 @@ def evaluate_loaded(
     draft = draft.to(device=target.device, dtype=embed.dtype).eval()
     rounds: list[int] = []
     expected: list[float] = []
-    segment_rounds: list[tuple[str, int, int]] = []  # (segment, accepted, emitted) per round
+    by_segment: list[tuple[str, int, int]] = []  # (segment, accepted, emitted) per round
     new_tokens, mismatched = 0, []
     for p, prompt in enumerate(prompts):
         try:
@@ -339,12 +338,7 @@ def evaluate_loaded(
         expected += means
         new_tokens += len(out)
         if segment_labels is not None and out:
-            segment_rounds += zip(
-                round_segments(out, accepted, segment_labels(out)),
-                accepted,
-                emitted_per_round(out, accepted),
-                strict=True,
-            )
+            by_segment += segment_rounds(out, accepted, segment_labels(out))
         if progress is not None:
             progress({"tau": 1 + sum(rounds) / max(len(rounds), 1)})
     reached = [sum(n >= j for n in rounds) for j in range(k + 1)]  # reached[0] = rounds
@@ -371,7 +365,7 @@ def evaluate_loaded(
         "mismatched_prompts": mismatched,
         "max_new_tokens": max_new_tokens,
         "aux_layer_ids": list(aux_layer_ids),
-        **({"segments": segment_stats(segment_rounds, k)} if segment_labels is not None else {}),
+        **({"segments": segment_stats(by_segment, k)} if segment_labels is not None else {}),
         "seconds": time.time() - t0,
     }
 

@@ -46,31 +46,26 @@ def token_segments(
     return labels
 
 
-def round_segments(output_ids: list[int], accepted: list[int], labels: list[str]) -> list[str]:
-    """The segment of each round of one prompt (`accepted`: its rounds' accepted counts, as
-    `speculative_generate` returns them) and the output tokens each round emitted.
+def segment_rounds(
+    output_ids: list[int], accepted: list[int], labels: list[str]
+) -> list[tuple[str, int, int]]:
+    """(segment, accepted, emitted) for each round of one prompt: `accepted` holds its rounds'
+    accepted counts (as `speculative_generate` returns them), `labels` each output token's
+    segment.
 
     Round r's pending token (the target's choice before it) sits at output index i_r, with
-    i_0 = 0 (the prefill's token) and i_{r+1} = i_r + n_r + 1; it verifies positions i_r + 1 on.
-    A round past the output's last token (a stop inside the last round's drafts) counts for the
-    last token's segment."""
-    segments, position = [], 0
+    i_0 = 0 (the prefill's token) and i_{r+1} = i_r + n_r + 1; it verifies positions i_r + 1 on,
+    and its segment is that of the first. A round past the output's last token (a stop inside
+    the last round's drafts) counts for the last token's segment. The tokens a round emitted
+    (its accepted drafts and its bonus token) are cut at the output's end, so they sum to every
+    output token but the prefill's."""
+    rounds, position = [], 0
     last = len(output_ids) - 1
     for n in accepted:
-        segments.append(labels[min(position + 1, last)])
+        emitted = max(min(position + n + 1, last) - position, 0)
+        rounds.append((labels[min(position + 1, last)], n, emitted))
         position += n + 1
-    return segments
-
-
-def emitted_per_round(output_ids: list[int], accepted: list[int]) -> list[int]:
-    """The output tokens each round added (its accepted drafts and its bonus token), cut at
-    the output's end: they sum to every output token but the prefill's."""
-    emitted, position = [], 0
-    last = len(output_ids) - 1
-    for n in accepted:
-        emitted.append(max(min(position + n + 1, last) - position, 0))
-        position += n + 1
-    return emitted
+    return rounds
 
 
 def segment_stats(rounds: list[tuple[str, int, int]], k: int) -> dict[str, dict]:
