@@ -103,26 +103,36 @@ def test_torchrun_run_resumes_from_its_checkpoint(world):
 
 
 @pytest.mark.slow  # real processes end to end
-def test_keep_best_under_torchrun_measures_and_keeps_what_one_process_does(world):
+@pytest.mark.parametrize("keep_best", ["loss", "tau"])
+def test_keep_best_under_torchrun_measures_and_keeps_what_one_process_does(world, keep_best):
     """train.keep_best with two processes: the held-out loss at each epoch's end is summed
     across both and equals one process's (9 held-out samples: the last held-out batch has one
-    row, and the second process none of it), and the draft exported is the same best epoch's."""
+    row, and the second process none of it), and the draft exported is the same best epoch's.
+    With `tau`, the first process measures tau while the second waits at the next step, and
+    the taus equal one process's."""
     held_out = frozenset(f"s{i}" for i in range(9))  # 23 training samples: 3 steps an epoch
-    settings = dict(epochs=3, keep_best=True)
+    settings = dict(epochs=3, keep_best=keep_best)
+    if keep_best == "tau":
+        settings |= dict(keep_best_prompts=4, keep_best_max_new_tokens=16)
 
     def keep_best_job(out):
         spec = job(world, out, **settings)
         return spec | {"exclude_sample_ids": sorted(held_out)}
 
-    single = run_job(keep_best_job(world / "best-one"))
-    double = launch(keep_best_job(world / "best-two"), 2, log_line=lambda _: None)
+    single = run_job(keep_best_job(world / f"best-{keep_best}-one"))
+    double = launch(keep_best_job(world / f"best-{keep_best}-two"), 2, log_line=lambda _: None)
     assert double["world_size"] == 2 and single["steps"] == double["steps"] == 9
     one, two = single["heldout_losses"], double["heldout_losses"]
     assert [r["step"] for r in one] == [r["step"] for r in two] == [3, 6, 9]
     assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=1e-5)
     assert one[-1]["loss"] < one[0]["loss"]  # it trains, so equal losses mean something
+    if keep_best == "tau":
+        tau_one, tau_two = [r["tau"] for r in one], [r["tau"] for r in two]
+        print(f"tau per epoch: one process {tau_one}, two {tau_two}")
+        assert tau_two == pytest.approx(tau_one, rel=1e-6)
+        assert max(tau_one) > 1.0  # the draft is accepted at all
     assert double["best_epoch"] == single["best_epoch"]
-    a = load_file(str(world / "best-one" / "draft" / "model.safetensors"))
-    b = load_file(str(world / "best-two" / "draft" / "model.safetensors"))
+    a = load_file(str(world / f"best-{keep_best}-one" / "draft" / "model.safetensors"))
+    b = load_file(str(world / f"best-{keep_best}-two" / "draft" / "model.safetensors"))
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-3, atol=1e-4, msg=name)
