@@ -244,8 +244,9 @@ class GenerationConfig(_Strict):
         description="Stop an answer that repeats itself: the HTTP engines (vllm, sglang, "
         "openai) stream each answer and end the request once one n-gram of loop_ngram tokens "
         "has occurred loop_repeats times, recording finish_reason 'loop' with the ids so far "
-        "(reasoning.looped_rows says whether extract keeps them). Off: every answer runs to "
-        "its end or max_tokens, unstreamed. The local engine is not guarded.",
+        "(reasoning.looped_rows says whether extract keeps them); the local engine ends such a "
+        "row of its batch the same way. Off: every answer runs to its end or max_tokens, "
+        "unstreamed.",
     )
     loop_ngram: int = Field(32, ge=2, le=4096, description="Loop guard: tokens per n-gram.")
     loop_repeats: int = Field(

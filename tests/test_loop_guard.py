@@ -109,3 +109,52 @@ def test_extract_drops_looped_rows_or_keeps_them_and_counts_them(tmp_path):
     examples = {e.sample_id: e for e in read_jsonl(tmp_path / "examples.jsonl", Example)}
     assert "looped" in examples["looped-1"].flags and kept["records"] == 4
     assert kept["looped"] == 1 and kept["reasoning_capture_rate"] == 1.0  # judged apart
+
+
+def test_the_local_engine_ends_a_looping_row_where_the_detector_finds_the_loop(
+    fixture_model_dir,
+):
+    """The local engine's guard, on the fixture target, greedy: with a hair-trigger guard
+    (4-grams, twice) each row that loops ends where `first_loop` finds the loop in the same
+    row's unguarded answer, with the unguarded ids up to there and finish_reason 'loop'; every
+    other row is its unguarded record unchanged."""
+    from eaglet.config import TargetConfig
+    from eaglet.engines.base import SamplingParams
+    from eaglet.engines.local import LocalEngine
+    from eaglet.records.prompts import Prompt
+    from eaglet.target import load_tokenizer
+
+    target = TargetConfig(model=str(fixture_model_dir))
+    tokenizer = load_tokenizer(target)
+    prompts = []
+    for i in range(8):
+        messages = [{"role": "user", "content": f"What is {i} + {7 * i}?"}]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        prompts.append(
+            Prompt(
+                sample_id=f"s{i}", source="toy", prompt_ids=ids, prompt_text=text,
+                messages=messages,
+            )
+        )  # fmt: skip
+    engine = LocalEngine(target, SamplingParams(max_tokens=96), batch_size=4)
+    plain = {r.sample_id: r for r in engine.generate(prompts)}
+    engine.loop_guard = (4, 2)
+    guarded = {r.sample_id: r for r in engine.generate(prompts)}
+
+    ends = {*engine.eos_ids, engine.pad_id}
+    looped = 0
+    for sample_id, record in guarded.items():
+        unguarded = [t for t in plain[sample_id].output_ids if t not in ends]
+        stop = first_loop(unguarded, 4, 2)
+        if record.finish_reason == "loop":
+            looped += 1
+            assert len(record.output_ids) == stop == record.raw["loop"]["stopped_at_token"]
+            assert record.output_ids == unguarded[:stop]
+        else:
+            assert stop is None, sample_id
+            assert record == plain[sample_id]
+    print(
+        f"{looped} of {len(prompts)} rows looped: {[len(r.output_ids) for r in guarded.values()]}"
+    )
+    assert looped > 0  # the hair trigger finds some: the comparison above meant something
