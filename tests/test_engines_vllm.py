@@ -188,6 +188,45 @@ def test_the_loop_guard_streams_and_ends_looping_requests_in_real_vllm(
         assert "streamed" not in plain[sample_id].raw
 
 
+def test_a_sampling_plan_reaches_real_vllm_row_by_row(
+    server, fixture_model_dir, tokenizer, prompts, local_records, tmp_path
+):
+    """generation.sampling_plan against real vLLM (one server is enough): with a cycle of
+    greedy and temperature 1, the greedy rows come back as the local engine's greedy answers
+    and some sampled row differs from it; each record carries its row's entry, and the same
+    prompts sent again (a resumed stage sends what the first run sent) come back the same."""
+    from eaglet.sampling_plan import choose
+
+    url, parser = server
+    if parser:
+        pytest.skip("the plan does not depend on the reasoning parser")
+    data = config_for(fixture_model_dir, url, "vllm").model_dump()
+    data["generation"] |= {
+        "sampling_plan": [{"temperature": 0.0}, {"temperature": 1.0}],
+        "sampling_plan_mode": "cycle",
+    }
+    config = PipelineConfig.model_validate(data)
+    planned = [
+        p.model_copy(update={"sampling": choose(config.generation, p.sample_id, i)})
+        for i, p in enumerate(prompts)
+    ]
+    (tmp_path / "first").mkdir()
+    (tmp_path / "again").mkdir()
+    first = generate(config, tokenizer, planned, tmp_path / "first")
+    again = generate(config, tokenizer, planned, tmp_path / "again")
+    differs = 0
+    for prompt in planned:
+        record, greedy = first[prompt.sample_id], local_records[prompt.sample_id]
+        assert record.sampling == prompt.sampling
+        assert record.output_ids == again[prompt.sample_id].output_ids, prompt.sample_id
+        if prompt.sampling["temperature"] == 0.0:
+            assert record.output_ids == greedy.output_ids, prompt.sample_id
+        else:
+            differs += record.output_ids != greedy.output_ids
+    print(f"{differs} of {len(planned) // 2} rows sampled at temperature 1 differ from greedy")
+    assert differs > 0
+
+
 def test_openai_text_rebuild_reads_like_the_tokens(
     server, fixture_model_dir, tokenizer, prompts, local_records
 ):
