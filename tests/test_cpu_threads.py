@@ -202,6 +202,9 @@ def test_a_count_the_caller_set_is_told_from_torchs_default():
 def fake_machine(monkeypatch):
     """3 usable CPUs, no quota, no load, no explicit setting; torch's count restored after."""
     before = torch.get_num_threads()
+    # Also torch's default for threads started later, which an earlier test's worker thread
+    # may have changed (a new thread would otherwise see that count as a caller's own).
+    torch.set_num_threads(before)
     monkeypatch.setattr(cpu_threads, "affinity_cpus", lambda: 3)
     monkeypatch.setattr(cpu_threads, "cgroup_cpu_limit", lambda: None)
     monkeypatch.setattr(cpu_threads, "others_load", lambda: 0.0)
