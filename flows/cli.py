@@ -68,20 +68,16 @@ def _run_pipeline(
     if server is not None and PREFECT_API_URL.value():  # a server set elsewhere (prefect.toml)
         server.stop()
         server = None
+    parameters = dict(
+        config=config, until=until, refresh_from=refresh_from or "", retry_failed=retry_failed
+    )
     if server is None:
-        return pipeline(
-            config=config, until=until, refresh_from=refresh_from or "", retry_failed=retry_failed
-        )
+        return pipeline(**parameters)
     server.wait()
     os.environ["PREFECT_API_URL"] = server.api_url  # for the processes the run starts
     try:
         with temporary_settings({PREFECT_API_URL: server.api_url}):
-            return pipeline(
-                config=config,
-                until=until,
-                refresh_from=refresh_from or "",
-                retry_failed=retry_failed,
-            )
+            return pipeline(**parameters)
     finally:
         del os.environ["PREFECT_API_URL"]  # the server stops at exit, after Prefect's hooks
 

@@ -279,8 +279,9 @@ class HTTPEngine:
         raise NotImplementedError
 
     def streams(self) -> bool:
-        """Whether requests stream their answer (the loop guard reads ids as they come)."""
-        return False
+        """Whether requests stream their answer: with `generation.loop_guard`, so the guard
+        reads the ids as they come."""
+        return self.config.generation.loop_guard
 
     def read_stream_chunk(self, chunk: dict[str, Any], state: dict[str, Any]) -> list[int]:
         """Fold one streamed JSON event into `state`; return the output ids it adds."""

@@ -79,7 +79,8 @@ class LocalEngine:
         sampled = params.temperature > 0
         if sampled:
             torch.manual_seed(params.seed)
-        guard = _LoopGuard(self.loop_guard, len(batch), [*self.eos_ids, self.pad_id])
+        ends = [*self.eos_ids, self.pad_id]
+        guard = _LoopGuard(*self.loop_guard, len(batch), ends) if self.loop_guard else None
         output = self.model.generate(
             input_ids=input_ids.to(self.model.device),
             attention_mask=attention_mask.to(self.model.device),
@@ -92,13 +93,13 @@ class LocalEngine:
             pad_token_id=self.pad_id,
             stop_strings=params.stop or None,
             tokenizer=self.tokenizer if params.stop else None,
-            stopping_criteria=[guard] if self.loop_guard else None,
+            stopping_criteria=[guard] if guard else None,
         )  # [B, P + new]
         records = []
         for row, prompt in enumerate(batch):
             new_ids = output[row, width:].tolist()
-            detector = guard.detectors[row]
-            if detector.looping:
+            detector = guard.detectors[row] if guard else None
+            if detector is not None and detector.looping:
                 looped = new_ids[: len(detector.ids)]
                 raw = {"loop": detector.evidence()}
                 records.append(Generation.answering(prompt, looped, "loop", self.name, raw=raw))
@@ -114,11 +115,10 @@ class _LoopGuard(StoppingCriteria):
     or padding token (finished; transformers pads it from then on) is fed no more, so padding
     is never taken for a loop."""
 
-    def __init__(self, guard: tuple[int, int] | None, rows: int, ends: list[int]) -> None:
-        ngram, repeats = guard or (1, 1)
+    def __init__(self, ngram: int, repeats: int, rows: int, ends: list[int]) -> None:
         self.detectors = [LoopDetector(ngram, repeats) for _ in range(rows)]
         self.ends = set(ends)
-        self.open = [guard is not None] * rows
+        self.open = [True] * rows
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **_: Any) -> torch.Tensor:
         for row, token in enumerate(input_ids[:, -1].tolist()):  # input_ids: [B, P + new]

@@ -186,9 +186,6 @@ class OpenAIChatEngine(HTTPEngine):
             payload |= {"stream": True, "stream_options": {"include_usage": True}}
         return self.request_path, payload
 
-    def streams(self) -> bool:
-        return self.config.generation.loop_guard
-
     def read_stream_chunk(self, chunk: dict[str, Any], state: dict[str, Any]) -> list[int]:
         if chunk.get("prompt_token_ids") is not None:
             state["prompt_token_ids"] = chunk["prompt_token_ids"]

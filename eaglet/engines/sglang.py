@@ -53,9 +53,6 @@ class SGLangEngine(HTTPEngine):
             body["stream"] = True
         return self.request_path, body
 
-    def streams(self) -> bool:
-        return self.config.generation.loop_guard
-
     def read_stream_chunk(self, chunk: dict[str, Any], state: dict[str, Any]) -> list[int]:
         ids, meta = output_ids_of(chunk), meta_info_of(chunk)
         known: list[int] = state.setdefault("output_ids", [])

@@ -63,9 +63,6 @@ class VLLMEngine(HTTPEngine):
             payload |= {"stream": True, "stream_options": {"include_usage": True}}
         return self.request_path, payload
 
-    def streams(self) -> bool:
-        return self.config.generation.loop_guard
-
     def parse(self, prompt: Prompt, body: dict[str, Any]) -> Generation:
         choices = body.get("choices")
         if not isinstance(choices, list) or not choices:
