@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ NOT_OUTPUT = frozenset(
 # fingerprinted by size plus their first and last MiB: hashing 100 GB of shards on every run
 # would cost minutes, and a re-exported checkpoint changes its header bytes anyway.
 _FULL_HASH_LIMIT = 256 << 20
+WORK_DIR_MARKER = ".eaglet.lock"  # eaglet.work_dir_lock.LOCK_FILE: every work dir a run used
 
 
 def module_file(module: str, root: Path = ROOT) -> Path | None:
@@ -188,17 +190,25 @@ def _folder_fingerprint(folder: str, mtimes: tuple[tuple[str, float], ...]) -> s
     return digest.hexdigest()
 
 
-def model_fingerprint(model: str, revision: str | None = None) -> str:
-    """Content fingerprint of a local model folder; for a hub id, the id and revision."""
+def model_fingerprint(model: str, revision: str | None = None, work_dir: str | None = None) -> str:
+    """Content fingerprint of a local model folder; for a hub id, the id and revision. The
+    model's own files only: a work dir inside the folder (`work_dir`, or any folder holding a
+    work dir's lock file) is left out, so a run's own outputs never change the target's key."""
     folder = Path(model)
     if not folder.is_dir():
         return f"hub:{model}@{revision or 'main'}"
-    files = sorted(
-        (str(p.relative_to(folder)), p.stat().st_mtime)
-        for p in folder.rglob("*")
-        if p.is_file() and not p.name.startswith(".")
-    )
-    return _folder_fingerprint(str(folder.resolve()), tuple(files))
+    skip = Path(work_dir).resolve() if work_dir else None
+    files = []
+    for here, folders, names in os.walk(folder):
+        if WORK_DIR_MARKER in names or (skip is not None and Path(here).resolve() == skip):
+            folders.clear()  # an eaglet work dir: not the model's
+            continue
+        folders[:] = sorted(f for f in folders if not f.startswith("."))
+        for name in names:
+            path = Path(here) / name
+            if not name.startswith(".") and path.is_file():
+                files.append((str(path.relative_to(folder)), path.stat().st_mtime))
+    return _folder_fingerprint(str(folder.resolve()), tuple(sorted(files)))
 
 
 def file_fingerprint(path: str) -> str:
@@ -219,7 +229,7 @@ def keyed_value(config: PipelineConfig, path: str) -> Any:
     folders (the target, train.init_from's draft) and local dataset files by content, config
     sections by their keyed fields."""
     if path == "target.model":
-        return model_fingerprint(config.target.model, config.target.revision)
+        return model_fingerprint(config.target.model, config.target.revision, config.work_dir)
     if path == "datasets":
         return [
             {**d.model_dump(exclude={"path"}), "content": file_fingerprint(d.path)}
@@ -232,7 +242,7 @@ def keyed_value(config: PipelineConfig, path: str) -> Any:
     if path == "train" and config.train.init_from:  # the draft it starts from, by content
         return {
             **keyed_fields(config.train),
-            "init_from": model_fingerprint(config.train.init_from),
+            "init_from": model_fingerprint(config.train.init_from, work_dir=config.work_dir),
         }
     value: Any = config
     for name in path.split("."):

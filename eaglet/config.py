@@ -8,7 +8,7 @@ that names the key instead of a silently ignored setting.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -33,6 +33,12 @@ def base_url(url: str) -> str:
     url = url.strip()
     if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1]) == 0:
         raise ValueError(f"{url!r} is not an http:// or https:// URL")
+    if "?" in url or "#" in url:
+        raise ValueError(
+            f"{url.split('?', 1)[0].split('#', 1)[0]} has a query or fragment: eaglet joins "
+            "paths such as /v1/completions to a base URL, so a query would land in the middle "
+            "of every request's URL; give a token through the engine's api_key settings"
+        )
     url = url.rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
@@ -114,6 +120,12 @@ def is_blank(value: Any) -> bool:
     return (isinstance(value, str) and not value.strip()) or value == []
 
 
+def _is_number(annotation: Any) -> bool:
+    """An int or float field (optional or not): pydantic reads true as 1 there."""
+    kinds = get_args(annotation) or (annotation,)
+    return bool not in kinds and any(kind in (int, float) for kind in kinds)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(
         extra="forbid", validate_assignment=True, json_schema_extra=_form_schema
@@ -126,6 +138,12 @@ class _Strict(BaseModel):
         if not isinstance(data, dict):
             return data
         fields = cls.model_fields
+        for key, value in data.items():
+            if isinstance(value, bool) and key in fields and _is_number(fields[key].annotation):
+                raise ValueError(
+                    f"{key}: {str(value).lower()} is a yes/no value, not a number: write the "
+                    "number you mean"
+                )
         return {
             key: None
             if key in fields and fields[key].default is None and is_blank(value)

@@ -157,6 +157,25 @@ def check_datasets(config: PipelineConfig, report: PreflightReport) -> list[int 
     return rows
 
 
+def check_holdout(config: PipelineConfig, rows: list[int | None], report: PreflightReport) -> None:
+    """evaluate measures τ on the held-out samples: none held out fails it after training."""
+    fraction = config.train.holdout_fraction
+    if fraction == 0:
+        report.problems.append(
+            "train.holdout_fraction=0 holds no sample out, and evaluate measures the draft on "
+            "held-out samples: set it above 0 (0.05 is usual), or run --until train"
+        )
+        return
+    if rows and all(r is not None for r in rows):
+        expected = sum(rows) * fraction  # type: ignore[arg-type]
+        if expected < 1:  # the split is by id hash: some may still be held out
+            report.warnings.append(
+                f"train.holdout_fraction={fraction:g} of at most {sum(rows)} samples holds out "
+                f"{expected:.2f} on average: evaluate may find none after training; raise it "
+                f"to at least {min(1.0, 2 / max(1, sum(rows))):.2g} or add samples"  # type: ignore[arg-type]
+            )
+
+
 def _has_text(path: Path) -> bool:
     with open(path, "rb") as f:
         while chunk := f.read(1 << 16):
@@ -410,6 +429,23 @@ def check_layers(config: PipelineConfig, model_config: Any, report: PreflightRep
     report.passed.append(f"hidden_states.aux_layer_ids {ids} fit the {layers}-layer target")
 
 
+def _non_finite_tensor(path: Path) -> str | None:
+    """The first tensor of a safetensors file holding NaN or infinity, named; None if none."""
+    import torch
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                tensor = f.get_tensor(name)
+                if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                    bad = int((~torch.isfinite(tensor)).sum())
+                    return f"{path}: tensor {name} holds {bad} NaN or infinite value(s)"
+    except (SafetensorError, OSError) as exc:
+        return f"{path}: not a readable safetensors file ({_first_line(exc)})"
+    return None
+
+
 def check_init_from(config: PipelineConfig, model_config: Any, report: PreflightReport) -> None:
     from eaglet.draft.init_from import (
         StartingDraftError,
@@ -436,6 +472,10 @@ def check_init_from(config: PipelineConfig, model_config: Any, report: Preflight
         report.problems.append(str(exc))
         return
     found = problems(start, target, ids)
+    weights = start.folder / "model.safetensors"
+    damaged = check_safetensors(weights) or _non_finite_tensor(weights)
+    if damaged:
+        found.append(f"train.init_from weights: {damaged}: train it again or export it again")
     report.problems.extend(found)
     if found:
         return
@@ -501,6 +541,9 @@ def check_template(config: PipelineConfig, tokenizer: Any, report: PreflightRepo
             f"prompt with them ({_first_line(exc)})"
         )
         return
+    effort_problem = _plan_effort_problem(config, tokenizer, texts)
+    if effort_problem:
+        report.problems.append(effort_problem)
     try:
         reasoning_format = detect_format(tokenizer, config.reasoning.format, kwargs)
     except ValueError as exc:
@@ -511,6 +554,40 @@ def check_template(config: PipelineConfig, tokenizer: Any, report: PreflightRepo
             f"chat template renders a prompt ({len(text)} chars) with {kwargs or 'no kwargs'}; "
             f"reasoning format {reasoning_format.name}"
         )
+
+
+def _plan_effort_problem(config: PipelineConfig, tokenizer: Any, template: str) -> str | None:
+    """Why the sampling plan's reasoning efforts would not reach the prompts (None when each
+    one renders a prompt of its own): a template that never reads `reasoning_effort`, or two
+    efforts that render the same prompt. Every record would claim an effort it never had."""
+    efforts = sorted({e.reasoning_effort for e in config.generation.sampling_plan} - {""})
+    if not efforts:
+        return None
+    setting = f"generation.sampling_plan (reasoning_effort {', '.join(efforts)})"
+    if "reasoning_effort" not in template:
+        return (
+            f"{setting}: the target's chat template never reads reasoning_effort, so every "
+            "prompt would be the same whatever the plan says: remove reasoning_effort from "
+            "the plan's entries, or use a target whose template reads it (gpt-oss)"
+        )
+    kwargs = config.tokenize.chat_template_kwargs
+    rendered: dict[str, str] = {}
+    for effort in efforts:
+        try:
+            text = tokenizer.apply_chat_template(
+                PROBE, add_generation_prompt=True, tokenize=False,
+                **{**kwargs, "reasoning_effort": effort},
+            )  # fmt: skip
+        except Exception as exc:
+            return f"{setting}: the chat template cannot render {effort} ({_first_line(exc)})"
+        same = next((e for e, t in rendered.items() if t == text), None)
+        if same is not None:
+            return (
+                f"{setting}: the chat template renders the same prompt for reasoning_effort "
+                f"{same} and {effort}: keep one of them"
+            )
+        rendered[effort] = text
+    return None
 
 
 def check_lengths(config: PipelineConfig, model_config: Any, report: PreflightReport) -> None:
@@ -669,6 +746,12 @@ def check_endpoints(config: PipelineConfig, report: PreflightReport) -> None:
         wanted += [(f"hidden_states.endpoints[{i}]", u) for i, u in enumerate(hidden.endpoints)]
         if online:
             wanted = [(f"{s} (online training)", u) for s, u in wanted]
+    if hidden.backend == "vllm" and not hidden.vllm_python and hidden.connector_path:
+        from eaglet.hidden_states.vllm_backend import connector_folder_problem
+
+        problem = connector_folder_problem(hidden.connector_path)
+        if problem:
+            report.problems.append(f"hidden_states.connector_path: {problem}")
     if config.evaluate.serving == "vllm" and config.evaluate.serving_endpoint:
         wanted.append(("evaluate.serving_endpoint", config.evaluate.serving_endpoint))
     for setting, url in wanted:
@@ -730,20 +813,23 @@ def check_devices(
     if on_cpu["target.device"] and dtype == "bfloat16" and bf16_units is False:
         report.warnings.append(f"target.dtype=bfloat16 on the CPU: {slow_bf16}; use float32")
     if on_cpu["target.device"] and dtype == "float16":
-        report.warnings.append(
-            "target.dtype=float16 on the CPU: most CPUs have no float16 arithmetic (slow, and "
-            "float16's range overflows where bfloat16's does not); use float32, or bfloat16 on "
-            "a CPU with bfloat16 units"
+        report.problems.append(
+            "target.dtype=float16 on the CPU: the CPU has no float16 arithmetic (slow, "
+            "float16's range overflows, and evaluate's float32 draft cannot read float16 "
+            "states); use float32 (or auto), or bfloat16 on a CPU with bfloat16 units"
         )
     if on_cpu["train.device"] and config.train.precision == "bfloat16" and bf16_units is False:
         report.warnings.append(f"train.precision=bfloat16 on the CPU: {slow_bf16}; use float32")
 
 
-def preflight(config: PipelineConfig) -> PreflightReport:
+def preflight(config: PipelineConfig, until: str = "evaluate") -> PreflightReport:
     """Every check that needs only the config, the target's config.json and tokenizer; see
-    the module docstring. Never raises for a bad config: the report lists the problems."""
+    the module docstring. Never raises for a bad config: the report lists the problems.
+    `until`: the last stage the run will run (checks of later stages are left out)."""
     report = PreflightReport()
     rows = check_datasets(config, report)
+    if until == "evaluate":
+        check_holdout(config, rows, report)
     check_work_dir(config, report)
     check_vllm_python(config, report)
     check_devices(config, report)
@@ -763,11 +849,13 @@ def preflight(config: PipelineConfig) -> PreflightReport:
     return report
 
 
-def run_preflight(config: PipelineConfig, log: Callable[[str], None] = say) -> PreflightReport:
+def run_preflight(
+    config: PipelineConfig, log: Callable[[str], None] = say, until: str = "evaluate"
+) -> PreflightReport:
     """The flow's one call before its first stage: `preflight(config)`, its report logged, a
     `PreflightError` raised on any problem. It only checks: whoever runs the demo's config
     builds its model and data first (`eaglet.fixture.demo.ensure_demo_inputs`)."""
-    report = preflight(config)
+    report = preflight(config, until)
     log(report.render())
     report.raise_if_failed()
     return report
@@ -777,13 +865,13 @@ def run_preflight(config: PipelineConfig, log: Callable[[str], None] = say) -> P
 _PASSED_AHEAD: dict[str, list[str]] = {}
 
 
-def run_preflight_ahead(config: PipelineConfig) -> None:
+def run_preflight_ahead(config: PipelineConfig, until: str = "evaluate") -> None:
     """`eaglet run`'s preflight, before Prefect loads and while its temporary server starts:
     a problem raises `PreflightError` in seconds, its report printed first; a pass is kept
     for the flow to log (`take_passed_ahead`) instead of checking again."""
     lines: list[str] = []
     try:
-        run_preflight(config, log=lines.append)
+        run_preflight(config, log=lines.append, until=until)
     except PreflightError:
         print("\n".join(lines))
         raise

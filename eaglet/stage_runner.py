@@ -37,4 +37,5 @@ def run_stage_body(
         resume_partial=spec.resumes,
         refresh=refresh,
         reopen_if=reopen_if,
+        records_file=spec.records_file,
     )

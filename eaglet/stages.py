@@ -54,6 +54,12 @@ class Stage:
     keyed_by_online: tuple[str, ...] = ()  # keyed besides with train.hidden_states=online
     skipped_online: bool = False  # not run with train.hidden_states=online
 
+    @property
+    def records_file(self) -> str | None:
+        """The record file `records` counts (one line per sample id): the first file, when it
+        is JSONL; checked before the stage is sealed and by `eaglet inspect --verify`."""
+        return self.files[0] if self.files and self.files[0].endswith(".jsonl") else None
+
     def inputs(self, config: PipelineConfig) -> tuple[str, ...]:
         """The outputs this stage reads under `config`."""
         if _online(config) and self.reads_online is not None:

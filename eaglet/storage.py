@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from eaglet.errors import PermanentError
+from eaglet.records.io import record_file_problems
 
 MANIFEST = "manifest.json"
 PARTIAL_SUFFIX = ".partial"
@@ -49,6 +50,11 @@ class ManifestError(PermanentError, ValueError):
 class StageCorruptError(PermanentError, ValueError):
     """A complete stage folder whose files differ from its manifest; the message names each
     file, the expected and actual size or hash, and the stage to refresh."""
+
+
+class SealError(PermanentError, ValueError):
+    """A stage's record file that is not one record per sample id, or not as many records as
+    the stage counted: the folder stays `.partial` (never sealed); the message names each line."""
 
 
 class Manifest(BaseModel):
@@ -305,6 +311,9 @@ def _file_entry(path: Path, known: dict[str, Any] | None) -> dict[str, Any]:
     return {"sha256": sha256_file(path), "bytes": size}
 
 
+_REFRESHED: set[Path] = set()  # stage folders this process already set aside for a refresh
+
+
 def run_stage(
     *,
     work_dir: Path,
@@ -317,6 +326,7 @@ def run_stage(
     resume_partial: bool = False,
     refresh: bool = False,
     reopen_if: Callable[[Manifest], bool] | None = None,
+    records_file: str | None = None,
 ) -> Manifest:
     """Run `body(partial_folder)` unless the stage folder for `key` is already complete.
 
@@ -325,12 +335,16 @@ def run_stage(
     looks complete. `refresh` sets a complete folder aside (never deletes it) and runs again.
     `reopen_if(manifest)` true turns a complete folder back into the partial one, its records
     kept, so a resumable body carries on from them (the generate stage retrying its failed
-    samples).
+    samples). `records_file` (a JSONL file the body writes) is checked before sealing: one
+    line per sample id, as many lines as the body's `records` count (`SealError` otherwise).
     """
     final = stage_folder(work_dir, stage, key)
     partial = final.with_name(final.name + PARTIAL_SUFFIX)
-    if refresh and final.exists():
-        os.replace(final, final.with_name(f"{key}.replaced-{int(time.time())}"))
+    if refresh and final not in _REFRESHED:  # start over, whatever either folder holds; a
+        _REFRESHED.add(final)  # retry of the same task in this process resumes what it wrote
+        for folder, name in ((final, f"{key}.replaced-"), (partial, f"{key}.replaced-partial-")):
+            if folder.exists():
+                os.replace(folder, folder.with_name(f"{name}{time.time_ns()}"))
     complete = check_stage_folder(final)
     if reopen_if is not None and complete is not None and reopen_if(complete):
         _reopen(final, partial)
@@ -344,6 +358,8 @@ def run_stage(
     started = time.time()
     with naming_a_full_disk(partial):
         output = body(partial)
+    if records_file is not None:
+        _check_records(stage, partial / records_file, output.counts.get("records"))
     files = _hashed_files(partial, output)
     manifest = Manifest(
         stage=stage,
@@ -360,6 +376,18 @@ def run_stage(
     )
     _publish(manifest, partial, final)
     return manifest
+
+
+def _check_records(stage: str, path: Path, expected: int | None) -> None:
+    problems = record_file_problems(path, expected) if path.is_file() else []
+    if problems:
+        shown = "\n  ".join(problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise SealError(
+            f"{stage}: not sealed, its records are not one per sample: \n  {shown}{more}\n"
+            f"the folder {path.parent} is kept as it is; rerun with --refresh-from {stage} to "
+            "write it again"
+        )
 
 
 def _reopen(final: Path, partial: Path) -> None:

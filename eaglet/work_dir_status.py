@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from eaglet.draft.sampled import sampled_summary
-from eaglet.stages import EXAMPLES_FILE, QUALITY_FILE, REPORT_FILE, STAGES
+from eaglet.records.io import record_file_problems
+from eaglet.stages import EXAMPLES_FILE, QUALITY_FILE, REPORT_FILE, STAGE, STAGES
 from eaglet.storage import PARTIAL_SUFFIX, Manifest, ManifestError, read_manifest, verify_files
 
 
@@ -75,6 +76,9 @@ def stage_status(
         return {"status": "missing", "key": "", "path": "", "records": 0}
     stage_path = chosen.folder_in(work_dir).resolve()
     problems = verify_files(stage_path, chosen, verify)
+    records = STAGE[stage].records_file
+    if verify == "full" and not problems and records and (stage_path / records).is_file():
+        problems = record_file_problems(stage_path / records, chosen.counts.get("records"))
     return {
         "status": "corrupt" if problems else "complete",
         "key": chosen.key,

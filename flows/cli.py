@@ -56,7 +56,7 @@ def _run_pipeline(
         server.start()  # it comes up while the imports below run
     shutdown.set_stage("the preflight")
     try:
-        run_preflight_ahead(config)  # a problem fails here in seconds, no flow run started
+        run_preflight_ahead(config, until)  # a problem fails here in seconds, no flow run started
     except PreflightError:
         if server is not None:
             server.stop()

@@ -60,13 +60,13 @@ def run_name() -> str:
     return run_label(name, parameters)
 
 
-def preflight(config: PipelineConfig) -> None:
+def preflight(config: PipelineConfig, until: str = "evaluate") -> None:
     """The preflight's report in the flow's log: the one `eaglet run` passed before the flow
     run existed, or a run of the checks now (the UI's runs)."""
     lines = take_passed_ahead(config)
     if lines is None:
         ensure_demo_inputs(config)  # a UI run of the demo's config builds its model and data
-        run_preflight(config)
+        run_preflight(config, until=until)
         return
     for line in lines:
         print(line)
@@ -144,7 +144,7 @@ def run_stages(
     # One run per work dir: a second one (a double click, a schedule overlapping a run) fails
     # here naming the holder; `eaglet run` took the lock already and takes it again.
     with work_dir_lock.held(config.work_dir, flow_run=str(flow_run.id)):
-        preflight(config)  # what the config already shows fails here, before any stage
+        preflight(config, until)  # what the config already shows fails here, before any stage
         record = start_run_record(config, config_path, until, refresh_from)
         outputs: dict[str, dict] = {}  # each stage's manifest by its output name
         try:

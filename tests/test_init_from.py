@@ -204,3 +204,38 @@ def test_the_train_key_holds_the_starting_drafts_content(world, base, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5}))
     assert key(folder) != key(same)
+
+
+@pytest.mark.parametrize("damage", ["cut", "garbage", "nan"])
+def test_a_damaged_starting_draft_is_refused_by_the_preflight_naming_the_file(
+    world,  # noqa: F811
+    base,
+    tmp_path,
+    damage,
+):
+    """It passed the preflight and died in train with a SafetensorError naming no file (cut,
+    garbage), or trained on NaN and was told to lower the learning rate (nan)."""
+    folder = tmp_path / "start"
+    shutil.copytree(world / "base" / "draft", folder)
+    weights = folder / "model.safetensors"
+    if damage == "cut":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "garbage":
+        weights.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}" + b"\0" * 64)
+    else:
+        tensors = load_file(weights)
+        name = sorted(tensors)[0]
+        tensors[name] = tensors[name].clone().float()
+        tensors[name].view(-1)[0] = float("nan")
+        save_file(tensors, weights)
+    pipeline = PipelineConfig(
+        target=TargetConfig(model=str(world / "target")),
+        train=settings(init_from=str(folder)),
+        hidden_states={"aux_layer_ids": AUX_IDS},
+    )
+    report = PreflightReport()
+    check_init_from(pipeline, AutoConfig.from_pretrained(world / "target"), report)
+    [problem] = report.problems
+    assert problem.startswith("train.init_from weights: ") and str(weights) in problem
+    expected = {"cut": "cut short", "garbage": "not valid JSON", "nan": "NaN or infinite"}
+    assert expected[damage] in problem

@@ -448,8 +448,36 @@ def test_a_dtype_the_cpu_computes_slowly_is_a_warning(setup, bf16_units):
             "target.dtype=bfloat16", "train.precision=bfloat16"
         ]  # fmt: skip
         assert all("no avx512_bf16 or amx_bf16" in w for w in bf16)
-    [fp16] = warnings(target={**cpu, "dtype": "float16"})
-    assert fp16.startswith("target.dtype=float16 on the CPU")
+    assert warnings(target={**cpu, "dtype": "float16"}) == []  # refused instead: below
+
+
+def test_float16_on_the_cpu_is_refused_before_training(setup):
+    """It trained, then evaluate failed on a dtype mismatch: now the preflight refuses it."""
+    from eaglet.preflight import PreflightReport, check_devices
+
+    data = json.loads(json.dumps(setup))
+    data.setdefault("target", {}).update({"device": "cpu", "dtype": "float16"})
+    report = PreflightReport()
+    check_devices(PipelineConfig.model_validate(data), report, bf16_units=True)
+    [problem] = report.problems
+    assert problem.startswith("target.dtype=float16 on the CPU") and "use float32" in problem
+
+
+def test_no_held_out_sample_is_refused_before_training(setup):
+    from eaglet.preflight import PreflightReport, check_holdout
+
+    def lines(fraction: float, rows: list) -> tuple[list[str], list[str]]:
+        data = json.loads(json.dumps(setup))
+        data.setdefault("train", {})["holdout_fraction"] = fraction
+        report = PreflightReport()
+        check_holdout(PipelineConfig.model_validate(data), rows, report)
+        return report.problems, report.warnings
+
+    [none], _ = lines(0.0, [100])
+    assert none.startswith("train.holdout_fraction=0 holds no sample out") and "--until" in none
+    [], [few] = lines(0.01, [20, 30])
+    assert few.startswith("train.holdout_fraction=0.01 of at most 50 samples holds out 0.50")
+    assert lines(0.05, [100]) == ([], []) and lines(0.01, [None]) == ([], [])
 
 
 def test_auto_dtype_picks_by_device_and_keys_stages_by_what_it_picked(tmp_path, monkeypatch):

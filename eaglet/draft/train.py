@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from safetensors import SafetensorError
 
 from eaglet.config import TargetConfig, TrainConfig
 from eaglet.cpu_threads import apply_threads
@@ -45,8 +46,8 @@ from eaglet.draft.target_head import TargetHead, load_target_head
 from eaglet.draft.train_data import HiddenStatesData, epoch_order, first_sample, load_pieces, plan
 from eaglet.draft.ttt_loss import counted_positions, target_probs, ttt_loss, ttt_start, ttt_unroll
 from eaglet.draft.vocab import DraftVocab, build_draft_vocab, vocab_over
-from eaglet.errors import NonFiniteError
-from eaglet.storage import atomic_folder
+from eaglet.errors import NonFiniteError, PermanentError
+from eaglet.storage import atomic_folder, final_path
 from eaglet.target import resolve_device
 
 log = logging.getLogger(__name__)
@@ -300,6 +301,10 @@ def starting_draft(
     return draft, vocab
 
 
+class DamagedCheckpointError(PermanentError, RuntimeError):
+    """A training checkpoint that cannot be read (cut short, damaged): never retried."""
+
+
 def resume_from(
     out_dir: Path,
     draft: Eagle3Draft,
@@ -311,7 +316,14 @@ def resume_from(
     """Load `state/` into `draft` and `optimizer`; return the step it reached, the held-out
     losses up to it and the saved vocab. Rank 0 drops the metrics logged after that step."""
     state_dir, metrics_path = out_dir / "state", out_dir / "metrics.jsonl"
-    meta, vocab = load_training_state(state_dir, draft, optimizer)
+    try:
+        meta, vocab = load_training_state(state_dir, draft, optimizer)
+    except (SafetensorError, OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise DamagedCheckpointError(
+            f"the training checkpoint {final_path(state_dir)} cannot be read "
+            f"({str(exc).splitlines()[0][:200]}): rerun with --refresh-from train to start "
+            "training over (the damaged folder is set aside, not deleted)"
+        ) from exc
     if meta["data_fingerprint"] != fingerprint:
         raise ValueError(
             f"{state_dir} was trained on other data or batch settings; delete it (or pass "

@@ -168,20 +168,64 @@ class FinalNorm:
 
 
 def read_connector_file(path: str) -> dict[str, torch.Tensor]:
-    """The connector's file, once its writer released the lock; the file and lock removed."""
+    """The connector's file, once its writer released the lock. Nothing is removed here:
+    `remove_connector_file` does that once the content is proven to be this request's."""
     lock = path + ".lock"
     if os.path.exists(lock):
         with open(lock) as handle:
             fcntl.flock(handle, fcntl.LOCK_SH)  # sleeps until the writer is done
-            data = load_file(path)
-    else:
-        data = load_file(path)
-    for leftover in (path, lock):
+            return load_file(path)
+    return load_file(path)
+
+
+CONNECTOR_TENSORS = frozenset({"hidden_states", "token_ids"})
+
+
+def connector_file_problem(data: dict[str, torch.Tensor], input_ids: list[int]) -> str | None:
+    """Why `data` is not the connector's file for a request of `input_ids` (None when it is):
+    exactly the tensors hidden_states [T, L, H] and token_ids [T], the ids those sent."""
+    if set(data) != CONNECTOR_TENSORS:
+        return f"holds {sorted(data)[:5]}, not exactly hidden_states and token_ids"
+    states, ids = data["hidden_states"], data["token_ids"]
+    if states.dim() != 3 or ids.dim() != 1 or states.shape[0] != ids.shape[0]:
+        return f"holds hidden_states {list(states.shape)} and token_ids {list(ids.shape)}"
+    if ids.tolist() != list(input_ids):
+        return f"holds the states of other token ids ({len(ids)} tokens, not this sample's)"
+    return None
+
+
+def remove_connector_file(path: str) -> None:
+    """Remove a connector file (and its lock) proven to be the answer to eaglet's request."""
+    for leftover in (path, path + ".lock"):
         try:
             os.remove(leftover)
         except FileNotFoundError:
             pass
-    return data
+
+
+def connector_folder_problem(folder: str) -> str | None:
+    """Why `folder` is not a connector folder eaglet may read and delete files in (None when it
+    is): it holds only connector files (`*.safetensors` and their `.lock` files). A model or
+    a work dir there would be read as hidden states; eaglet never deletes what it did not ask
+    a server to write, and refuses a folder where such files sit."""
+    root = Path(folder)
+    if not root.exists():
+        return None  # the server creates it
+    if not root.is_dir():
+        return f"{folder} is not a folder"
+    others = [
+        p.relative_to(root)
+        for p in root.rglob("*")
+        if p.is_file() and not p.name.endswith((".safetensors", ".safetensors.lock"))
+    ]
+    if others:
+        shown = ", ".join(str(p) for p in sorted(others)[:3])
+        return (
+            f"{folder} holds files that are not the connector's ({shown}"
+            f"{', …' if len(others) > 3 else ''}): point it at the connector's own "
+            "shared_storage_path, a folder that holds nothing else"
+        )
+    return None
 
 
 class VllmBackend:
@@ -248,19 +292,20 @@ class VllmBackend:
                 f"not be read: {exc}. Is hidden_states.connector_path the connector's "
                 "shared_storage_path as seen from this machine?"
             ) from None
-        if "hidden_states" not in data or "token_ids" not in data:
+        problem = connector_file_problem(data, example.input_ids)
+        if problem is not None:  # never delete a file not proven to be this request's
             raise RuntimeError(
-                f"sample {example.sample_id}: the file {url} named ({path}) holds "
-                f"{sorted(data)}, not hidden_states and token_ids: not the hidden-states "
-                "connector's file"
+                f"sample {example.sample_id}: the file {url} named ({path}) {problem}: not the "
+                "hidden-states connector's answer to this request; left in place"
             )
-        states, ids = data["hidden_states"], data["token_ids"]  # [T, L, H], [T]
-        if ids.tolist() != list(example.input_ids) or states.shape[1] != 4:
+        remove_connector_file(path)
+        states = data["hidden_states"]  # [T, L, H]
+        if states.shape[1] != 4:
             raise RuntimeError(
                 f"sample {example.sample_id}: the connector file holds {states.shape[1]} layers "
-                f"for {len(ids)} tokens; expected 4 layers "
-                f"{server_layer_ids(self.aux_layer_ids, self.num_layers)} for "
-                f"{len(example.input_ids)} tokens. Start the server with those layer ids."
+                f"for {states.shape[0]} tokens; expected 4 layers "
+                f"{server_layer_ids(self.aux_layer_ids, self.num_layers)}. Start the server "
+                "with those layer ids."
             )
         T = states.shape[0]
         return {

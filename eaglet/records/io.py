@@ -128,9 +128,11 @@ def repair_jsonl(path: Path) -> Repair:
 
 def _scan_lines(path: Path, repair: Repair) -> tuple[int, dict[int, str]]:
     """Read `path` into `repair` (ids, a torn last line's bytes); return the bytes of whole
-    lines and the unreadable lines (line number -> why)."""
+    lines and the lines to set aside (line number -> why): unreadable ones, and a second line
+    of a sample id already written (the first is kept)."""
     good_bytes = 0
     bad: dict[int, str] = {}
+    first_line: dict[str, int] = {}
     with open(path, "rb") as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.endswith(b"\n"):  # only ever the last line
@@ -142,7 +144,12 @@ def _scan_lines(path: Path, repair: Repair) -> tuple[int, dict[int, str]]:
             sample_id, why = _line_problem(line)
             if sample_id is None:
                 bad[line_number] = why or "unreadable"
+            elif sample_id in first_line:
+                bad[line_number] = (
+                    f"sample {sample_id} again (first on line {first_line[sample_id]})"
+                )
             else:
+                first_line[sample_id] = line_number
                 repair.ids.add(sample_id)
     return good_bytes, bad
 
@@ -173,8 +180,8 @@ def _set_aside_lines(path: Path, bad: dict[int, str], repair: Repair) -> None:
         os.fsync(kept.fileno())
     os.replace(tmp, path)
     log.warning(
-        "%s: %d unreadable line(s) (line %s) set aside in %s; the %d records around them "
-        "are kept and those samples will be generated again",
+        "%s: %d unreadable or repeated line(s) (line %s) set aside in %s; the %d records "
+        "around them are kept and samples with no record left will be generated again",
         path,
         len(bad),
         ", ".join(str(n) for n in repair.set_aside[:10]),
@@ -187,3 +194,31 @@ def repair_and_read_ids(path: Path) -> set[str]:
     """Ids already written to an append-only JSONL file, after `repair_jsonl`: a torn last
     line is cut, any other unreadable line is set aside in `<name>.rejected-lines.jsonl`."""
     return repair_jsonl(path).ids
+
+
+def record_file_problems(path: Path, expected_records: int | None) -> list[str]:
+    """What makes a record file untrue to seal or to trust, one line each: a line that is not
+    a record, a sample id on a second line (both line numbers), a line count other than
+    `expected_records` (the manifest's `records`). Empty when every line is one record of its
+    own sample id."""
+    problems: list[str] = []
+    first_line: dict[str, int] = {}
+    lines = 0
+    with open(path, "rb") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            lines += 1
+            sample_id, why = _line_problem(line)
+            if sample_id is None:
+                problems.append(f"{path}:{line_number}: {why}")
+            elif sample_id in first_line:
+                problems.append(
+                    f"{path}:{line_number}: sample {sample_id} again (first on line "
+                    f"{first_line[sample_id]})"
+                )
+            else:
+                first_line[sample_id] = line_number
+    if expected_records is not None and lines != expected_records:
+        problems.append(f"{path}: {lines} records, the manifest counts {expected_records}")
+    return problems

@@ -613,9 +613,9 @@ LINE = st.one_of(
 @settings(max_examples=200, deadline=None)
 @given(lines=st.lists(LINE, max_size=12), torn=st.binary(max_size=12))
 def test_repair_fuzz_keeps_every_readable_record_and_sets_aside_the_rest(lines, torn):
-    """Whatever an append-only file holds, repair keeps every readable record (and blank
-    line) in order, moves every other line aside with its number, and cuts only a torn last
-    line."""
+    """Whatever an append-only file holds, repair keeps the first readable record of each id
+    (and blank lines) in order, moves every other line aside with its number, and cuts only a
+    torn last line."""
     import tempfile
 
     from eaglet.records.io import rejected_lines_path
@@ -631,7 +631,15 @@ def test_repair_fuzz_keeps_every_readable_record_and_sets_aside_the_rest(lines, 
         torn = torn.replace(b"\n", b"")
         path.write_bytes(b"".join(line + b"\n" for line in lines) + torn)
         ids = repair_and_read_ids(path)
-        bad = [n for n, line in enumerate(lines, 1) if line.strip() and not readable(line)]
+        bad, seen = [], set()
+        for n, line in enumerate(lines, 1):
+            if line.strip() and not readable(line):
+                bad.append(n)
+            elif line.strip():  # a second line of an id is set aside too, the first kept
+                sample_id = json.loads(line)["sample_id"]
+                if sample_id in seen:
+                    bad.append(n)
+                seen.add(sample_id)
         kept = [line for n, line in enumerate(lines, 1) if n not in bad]
         assert ids == {json.loads(line)["sample_id"] for line in kept if line.strip()}
         assert path.read_bytes() == b"".join(line + b"\n" for line in kept)

@@ -472,7 +472,7 @@ def test_a_malformed_hidden_states_response_is_a_clear_error(tmp_path, fixture_m
     connector.mkdir()
     save_file({"other": torch_zeros()}, str(connector / "x.safetensors"))
     cases = {
-        "holds ['other'], not hidden_states": {
+        "holds ['other'], not exactly hidden_states": {
             "kv_transfer_params": {"hidden_states_path": "x.safetensors"}
         },
         "no kv_transfer_params.hidden_states_path": {"kv_transfer_params": ["x"]},
@@ -483,6 +483,63 @@ def test_a_malformed_hidden_states_response_is_a_clear_error(tmp_path, fixture_m
             backend = vllm_backend(fixture_model_dir, url, connector)
             with pytest.raises(RuntimeError, match=re.escape(expected)):
                 backend.one(example())
+
+
+def test_a_server_naming_a_model_file_in_the_connector_folder_never_gets_it_deleted(
+    tmp_path, fixture_model_dir
+):
+    """The issue's case: connector_path at a copy of the model folder, a server answer naming
+    its model.safetensors. eaglet reads it, finds it is not this request's connector file, and
+    leaves it (before: it deleted the weights, then failed); the preflight refuses the folder."""
+    import shutil
+
+    from eaglet.config import PipelineConfig
+    from eaglet.preflight import PreflightReport, check_endpoints
+    from tests.fake_servers import serve
+
+    connector = tmp_path / "model-copy"
+    shutil.copytree(fixture_model_dir, connector)
+    weights = connector / "model.safetensors"
+    before = weights.read_bytes()
+    answer = {"kv_transfer_params": {"hidden_states_path": str(weights)}}
+    with serve(connector_server(answer)) as url:
+        backend = vllm_backend(fixture_model_dir, url, connector)
+        with pytest.raises(RuntimeError, match="not the hidden-states connector's answer") as err:
+            backend.one(example())
+    assert "left in place" in str(err.value) and "s1" in str(err.value)
+    assert weights.read_bytes() == before, "eaglet deleted or changed a file it did not write"
+    config = PipelineConfig.model_validate(
+        {
+            "hidden_states": {
+                "backend": "vllm",
+                "endpoints": ["http://127.0.0.1:9"],
+                "connector_path": str(connector),
+            }
+        }
+    )
+    report = PreflightReport()
+    check_endpoints(config, report)
+    [problem] = [p for p in report.problems if p.startswith("hidden_states.connector_path")]
+    assert "config.json" in problem and "holds files that are not the connector's" in problem
+
+
+def test_a_connector_file_of_another_request_is_left_in_place(tmp_path, fixture_model_dir):
+    """A real connector file, but holding another prompt's token ids: read, refused, kept."""
+    import torch
+    from safetensors.torch import save_file
+
+    from tests.fake_servers import serve
+
+    connector = tmp_path / "connector"
+    connector.mkdir()
+    other = connector / "cmpl-1-0.safetensors"
+    save_file({"hidden_states": torch.zeros(2, 4, 8), "token_ids": torch.tensor([7, 8])}, other)
+    answer = {"kv_transfer_params": {"hidden_states_path": str(other)}}
+    with serve(connector_server(answer)) as url:
+        backend = vllm_backend(fixture_model_dir, url, connector)
+        with pytest.raises(RuntimeError, match="other token ids"):
+            backend.one(example())
+    assert other.is_file()
 
 
 def torch_zeros():
