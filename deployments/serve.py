@@ -18,6 +18,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import DeploymentScheduleCreate
 from prefect.exceptions import ObjectNotFound
 
+from eaglet.cache import pipeline_code_version
 from eaglet_prefect.flows.pipeline import pipeline
 from eaglet_prefect.flows.short_form import short_form
 
@@ -45,11 +46,13 @@ def existing_schedules(
 
 
 def main() -> None:
+    version = pipeline_code_version()  # the code these deployments run, edits included
     serve(
         pipeline.to_deployment(
             name="pipeline",
             description="The whole pipeline: download to evaluate.",
             tags=["eaglet"],
+            version=version,
             schedules=existing_schedules("pipeline"),
         ),
         short_form.to_deployment(
@@ -58,6 +61,7 @@ def main() -> None:
             "datasets, engine and endpoints, epochs, work dir) over a base config; blank keeps "
             "the base's. Every setting is in the form of `pipeline`.",
             tags=["eaglet"],
+            version=version,
             schedules=existing_schedules("pipeline-short-form", short_form.name),
         ),
         pipeline.to_deployment(
@@ -65,6 +69,7 @@ def main() -> None:
             description="Download, tokenize and generate; stops before extraction.",
             parameters={"until": "generate"},
             tags=["eaglet", "generation"],
+            version=version,
             schedules=existing_schedules("generate-only"),
         ),
     )

@@ -1,10 +1,12 @@
 """Cache keys: what makes a stage's output reusable, and nothing else.
 
-key(stage) = hash(the stage's config subset, the upstream manifests' content hashes, the code
-hash of the stage). The code hash covers the source of every module of the project (packages
-`eaglet` and `eaglet_prefect.tasks`) that the stage's task module imports, directly or through
-others: the import closure, computed by parsing the imports (`ast`, function-local and relative
-imports included, with the package `__init__` modules they run), never a hand-kept list.
+key(stage) = hash(the stage's config subset, what the upstream stages wrote (their files'
+content hashes, `Manifest.output_hash`: never their keys, so an edit that re-runs a stage but
+changes none of its bytes stops there), the code hash of the stage). The code hash covers
+the source of every module of the project (packages `eaglet` and `eaglet_prefect.tasks`) that
+the stage's task module imports, directly or through others: the import closure, computed by
+parsing the imports (`ast`, function-local and relative imports included, with the package
+`__init__` modules they run), never a hand-kept list.
 Imports of other packages (torch, transformers, site-packages) are not followed. Files are
 hashed by content and module name, never by path, so an edited file changes the key and a
 moved one (a clone's `tasks/`, the wheel's `eaglet_prefect/tasks/`) does not.
@@ -12,7 +14,8 @@ moved one (a clone's `tasks/`, the wheel's `eaglet_prefect/tasks/`) does not.
 Left out of every closure: modules whose content never decides what a stage writes
 (`NOT_OUTPUT`): the config (a stage is keyed by its config subset, `stage_config`, instead: a
 training setting must not re-run generation), the pre-flight canary (it can stop a run, never
-change a record), the run report, the error classes and this module (the keys themselves).
+change a record), the run report, the error classes, why a stage runs (`stage_reasons`) and
+this module (the keys themselves).
 The generate stage also hashes the closure of the configured engine's module, and only that
 engine's (from the engine registry): a fix to the HTTP client does not re-key what the local
 engine generated.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+import subprocess
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -42,7 +46,14 @@ PROJECT_PACKAGES = {
     "eaglet_prefect.tasks": ("tasks", "eaglet_prefect/tasks"),
 }
 NOT_OUTPUT = frozenset(
-    {"eaglet.config", "eaglet.cache", "eaglet.canary", "eaglet.run_report", "eaglet.errors"}
+    {
+        "eaglet.config",
+        "eaglet.cache",
+        "eaglet.canary",
+        "eaglet.run_report",
+        "eaglet.errors",
+        "eaglet.stage_reasons",  # says why a stage runs, never what it writes
+    }
 )
 
 # Files of a model folder that change what the stages compute. Weights over this size are
@@ -163,10 +174,15 @@ def module_source_hash(module: str, root: Path = ROOT) -> str:
     return sha256_file(path)
 
 
+def code_modules(stage: str, config: PipelineConfig | None = None) -> dict[str, str]:
+    """Each module of the stage's code (`stage_modules`) -> the sha256 of its source."""
+    return {module: module_source_hash(module) for module in stage_modules(stage, config)}
+
+
 def code_hash(stage: str, config: PipelineConfig | None = None) -> str:
     digest = hashlib.sha256()
-    for module in stage_modules(stage, config):
-        digest.update(f"{module}:{module_source_hash(module)}\n".encode())
+    for module, source in code_modules(stage, config).items():
+        digest.update(f"{module}:{source}\n".encode())
     return digest.hexdigest()
 
 
@@ -259,7 +275,29 @@ def stage_key(stage: str, config: PipelineConfig, upstream: list[Manifest]) -> s
     payload = {
         "stage": stage,
         "config": stage_config(stage, config),
-        "upstream": sorted(m.content_hash() for m in upstream),
+        "upstream": sorted(m.output_hash() for m in upstream),
         "code": code_hash(stage, config),
     }
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:20]
+
+
+def pipeline_code_version(root: Path = ROOT) -> str:
+    """What code a deployment runs: the hash of every stage's modules, and the git commit with
+    `+modified` when the project's tracked files differ from it (a deployment's version that
+    stayed the commit while edited code ran told nobody)."""
+    from eaglet.stages import STAGES
+
+    digest = hashlib.sha256("".join(code_hash(stage) for stage in STAGES).encode())
+    version = f"code {digest.hexdigest()[:12]}"
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):  # not a clone (an installed wheel)
+        return version
+    return f"{head}{'+modified' if dirty else ''} {version}"

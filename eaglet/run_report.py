@@ -33,6 +33,7 @@ REPORT_FILE = "run_report.md"
 RESUMES_PARTIAL = {
     "generate": "keeps the records already in generations.jsonl and sends only the prompts "
     "not written yet (failed samples are tried again)",
+    "hidden_states": "keeps every finished shard and computes only the samples not in one",
     "train": "resumes training from the last checkpoint in state/",
 }
 RESTARTS_PARTIAL = "rebuilds this partial folder from the stage's inputs"
@@ -291,7 +292,7 @@ def render_run_report(run: dict[str, Any], manifests: dict[str, dict[str, Any]])
         "| stage | state | records | seconds | folder (in the work dir) |",
         "|---|---|---|---|---|",
     ]
-    figures_lines = []
+    figures_lines, why_lines = [], []
     for stage in STAGES:
         entry = stages.get(stage)
         if entry is None:
@@ -308,8 +309,13 @@ def render_run_report(run: dict[str, Any], manifests: dict[str, dict[str, Any]])
         )
         if figures:
             figures_lines.append(f"- **{stage}**: {figures}")
+        why = manifests.get(stage, {}).get("why") if entry["state"] == "Completed" else None
+        if why:
+            why_lines.append(f"- **{stage}**: {'; '.join(why)}")
     if figures_lines:
         lines += ["", "## Key figures", "", *figures_lines]
+    if why_lines:
+        lines += ["", "## Why stages ran", "", *why_lines]
     for stage in failed:
         lines += ["", failure_note(stage, stages[stage], run)]
     return "\n".join(lines) + "\n"

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from eaglet.cache import code_hash, stage_config, stage_key
+from eaglet.cache import code_hash, code_modules, stage_config, stage_key
 from eaglet.config import PipelineConfig
 from eaglet.stage_context import StageContext
+from eaglet.stage_reasons import why_it_runs
 from eaglet.stages import STAGE
 from eaglet.storage import Manifest, run_stage
 
@@ -26,6 +27,10 @@ def run_stage_body(
     spec = STAGE[stage]
     body = spec.load_body()
     upstream = list(inputs.values())
+    modules = code_modules(stage, config)
+    why = why_it_runs(stage, config, upstream, refresh, modules)
+    if why:
+        context.info(f"{stage} runs: {'; '.join(why)}")
     return run_stage(
         work_dir=Path(config.work_dir),
         stage=stage,
@@ -38,4 +43,6 @@ def run_stage_body(
         refresh=refresh,
         reopen_if=reopen_if,
         records_file=spec.records_file,
+        code_modules=modules,
+        why=why,
     )

@@ -57,6 +57,9 @@ class SealError(PermanentError, ValueError):
     the stage counted: the folder stays `.partial` (never sealed); the message names each line."""
 
 
+LATER_FIELDS = ("code_modules", "upstream_outputs", "why")
+
+
 class Manifest(BaseModel):
     """What a finished stage folder holds; also the small result handed between tasks."""
 
@@ -74,18 +77,33 @@ class Manifest(BaseModel):
     checksum: str | None = Field(
         None, description="sha256 of the manifest without this field: a hand edit shows"
     )
+    # Why the stage ran and what it ran on (`eaglet.stage_reasons`); older manifests lack them.
+    code_modules: dict[str, str] = Field(
+        default_factory=dict, description="module -> sha256 of the code that wrote it"
+    )
+    upstream_outputs: dict[str, str] = Field(
+        default_factory=dict, description="stage -> output_hash of what it read"
+    )
+    why: list[str] = Field(default_factory=list, description="why it ran, one reason a line")
 
     def folder_in(self, work_dir: str | Path) -> Path:
         """The stage folder this manifest describes, inside `work_dir`."""
         return stage_folder(Path(work_dir), self.stage, self.key)
 
     def own_checksum(self) -> str:
+        # Fields added after manifests were first written count only when set, so an older
+        # manifest still checks out.
+        later = {name for name in LATER_FIELDS if not getattr(self, name)}
         return hashlib.sha256(
-            canonical_json(self.model_dump(exclude={"checksum"})).encode()
+            canonical_json(self.model_dump(exclude={"checksum"} | later)).encode()
         ).hexdigest()
 
-    def content_hash(self) -> str:
-        return hashlib.sha256(canonical_json(self.model_dump()).encode()).hexdigest()
+    def output_hash(self) -> str:
+        """What the stage wrote, by content: its files' sha256 and sizes and its counts. A later
+        stage's key holds this, not this stage's key, so a stage that ran again (a code edit)
+        and wrote the same bytes leaves every later stage Cached (early cutoff)."""
+        written = {"stage": self.stage, "files": self.files, "counts": self.counts}
+        return hashlib.sha256(canonical_json(written).encode()).hexdigest()
 
 
 def canonical_json(value: Any) -> str:
@@ -327,6 +345,8 @@ def run_stage(
     refresh: bool = False,
     reopen_if: Callable[[Manifest], bool] | None = None,
     records_file: str | None = None,
+    code_modules: dict[str, str] | None = None,
+    why: list[str] | None = None,
 ) -> Manifest:
     """Run `body(partial_folder)` unless the stage folder for `key` is already complete.
 
@@ -373,6 +393,9 @@ def run_stage(
         info=output.info,
         started=started,
         finished=time.time(),
+        code_modules=code_modules or {},
+        upstream_outputs={m.stage: m.output_hash() for m in upstream},
+        why=why or [],
     )
     _publish(manifest, partial, final)
     return manifest

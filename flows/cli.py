@@ -132,9 +132,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def print_plan(config: PipelineConfig, until: str, refresh_from: str | None) -> None:
+    """`eaglet run --plan`: per stage, Cached or why it runs; nothing runs, no lock taken."""
+    from eaglet.stage_reasons import plan_run
+
+    print(f"plan for {config.work_dir} (nothing runs):")
+    for stage in plan_run(config, until, refresh_from):
+        print(stage.line())
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     started = time.time()
     config = load_config(args.config, args.set)
+    if args.plan:
+        print_plan(config, args.until, args.refresh_from)
+        return 0
     args.run_started, args.loaded_config = started, config  # for main's error report
     with work_dir_lock.held(config.work_dir):  # a second run fails here, before any start-up
         result = _run_pipeline(config, args.until, args.refresh_from, args.retry_failed)
@@ -208,6 +220,34 @@ def _doctor_canary(config: PipelineConfig, tokenizer: Any) -> list[str]:
     if not report.ok:
         problems.append("the canary failed (see above)")
     return problems
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    """List the stage folders no run uses any more and their sizes; remove them with --yes."""
+    from eaglet.hidden_states.budget import human
+    from eaglet.work_dir_gc import remove, superseded_folders
+
+    work_dir = Path(args.work_dir)
+    if not work_dir.is_dir() or not is_work_dir(work_dir):
+        print(f"error: {work_dir} is not a work dir eaglet ran in", file=sys.stderr)
+        return 2
+    with work_dir_lock.held(work_dir):  # never while a run uses the work dir
+        try:
+            folders = superseded_folders(work_dir)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        total = sum(f.bytes for f in folders)
+        for item in folders:
+            print(f"  {human(item.bytes):>10}  {item.folder.relative_to(work_dir)}")
+        if not folders:
+            print(f"nothing to free in {work_dir}: every stage folder is the last run's")
+        elif not args.yes:
+            print(f"{len(folders)} folders, {human(total)}: the last run used none of them; "
+                  "run again with --yes to remove them")  # fmt: skip
+        else:
+            print(f"removed {len(folders)} folders, freed {human(remove(folders))}")
+    return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -334,6 +374,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="send the samples the generate stage recorded as failed again, keeping the rest",
     )
     run.add_argument("--set", action="append", default=[], metavar="a.b=value")
+    run.add_argument(
+        "--plan",
+        action="store_true",
+        help="print per stage whether it is Cached or why it would run, and run nothing",
+    )
     run.set_defaults(handler=cmd_run)
 
     doctor = commands.add_parser("doctor", help="preflight checks of a config")
@@ -351,6 +396,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="check every file's sha256 against its manifest (sizes are always checked)",
     )
     inspect.set_defaults(handler=cmd_inspect)
+
+    gc = commands.add_parser("gc", help="list (and with --yes remove) superseded stage folders")
+    gc.add_argument("work_dir")
+    gc.add_argument("--yes", action="store_true", help="remove what it lists")
+    gc.set_defaults(handler=cmd_gc)
 
     serve = commands.add_parser("serve", help="serve the deployments for the Prefect UI")
     serve.set_defaults(handler=cmd_serve)

@@ -21,6 +21,7 @@ from eaglet.run_report import (
     write_run_record,
     write_run_report,
 )
+from eaglet.stage_reasons import plan_run
 from eaglet.stages import STAGE_LIST, STAGES, RefreshFrom, StageName
 from eaglet.storage import stage_dir
 from eaglet_prefect.tasks.caching import partial_folder, result_storage_path, stage_failure
@@ -100,6 +101,7 @@ def pipeline(
     until: StageName = "evaluate",
     refresh_from: RefreshFrom = "",
     retry_failed: bool = False,
+    plan_only: bool = False,
 ) -> dict:
     """Regenerate the target's answers and train an EAGLE-3 draft on them.
 
@@ -117,11 +119,31 @@ def pipeline(
             reuse every finished stage.
         retry_failed: Send the samples a finished generate stage recorded as failed again,
             keeping every record already written.
+        plan_only: Run nothing: say per stage whether it is Cached or why it would run (a
+            code change naming the modules, a config change naming the keys, an upstream
+            output change), in the log and the `run-plan` artifact.
     """
     start_run()
     if config_path:
         config = load_config(config_path)
+    if plan_only:
+        return publish_plan(config, until, refresh_from or None)
     return run_stages(config, config_path or None, until, refresh_from or None, retry_failed)
+
+
+def publish_plan(config: PipelineConfig, until: str, refresh_from: str | None) -> dict:
+    """The plan of a run (`eaglet.stage_reasons.plan_run`) as log lines and an artifact."""
+    plans = plan_run(config, until, refresh_from)
+    for stage in plans:
+        print(stage.line().strip())
+    rows = ["| stage | plan | why |", "|---|---|---|"]
+    rows += [f"| {p.stage} | {p.state} | {'; '.join(p.reasons)} |" for p in plans]
+    create_markdown_artifact(
+        f"# Plan for {config.work_dir}\n\nNothing ran.\n\n" + "\n".join(rows) + "\n",
+        key="run-plan",
+        description=f"eaglet {config.name}: per stage, Cached or why it would run",
+    )
+    return {"plan": [{"stage": p.stage, "state": p.state, "reasons": p.reasons} for p in plans]}
 
 
 def start_run() -> None:
@@ -157,7 +179,10 @@ def run_stages(
                     map_hidden_state_shards(config, inputs["examples"])  # shard tasks first
                 if spec.name == "generate" and retry_failed:
                     inputs["retry_failed"] = True
-                refresh = spec.name == refresh_from
+                # refresh_from re-runs that stage and every later one, whatever they read
+                refresh = (
+                    refresh_from is not None and spec.name in STAGES[STAGES.index(refresh_from) :]
+                )
                 outputs[spec.output] = run_task(spec.name, config, inputs, refresh, record)
             shutdown.set_stage("the run report")
         finally:

@@ -22,6 +22,7 @@ from eaglet.config import ExecutionConfig, PipelineConfig
 from eaglet.errors import PermanentError
 from eaglet.hidden_states.stage import ShardSpec, backend_factory, build_shard, prepare_stage
 from eaglet.hidden_states.vllm_backend import started_server
+from eaglet.reuse import FeatureReuse, earlier_runs_alike
 from eaglet.stages import EXAMPLES_FILE
 from eaglet.storage import read_manifest, stage_dir
 from eaglet_prefect.tasks.caching import partial_folder, run_stage_task, stage_task
@@ -52,12 +53,14 @@ def hidden_states_plan(config: PipelineConfig, examples: dict) -> list[dict]:
 def hidden_states_shard(config: PipelineConfig, examples: dict, shard: dict) -> dict:
     """Build one shard (or verify it is already built); returns a small record."""
     spec = ShardSpec(**{k: v for k, v in shard.items() if k != "folder"})
+    earlier = earlier_runs_alike("hidden_states", config, Path(shard["folder"]))
     record = build_shard(
         Path(shard["folder"]),
         _examples_path(config, examples),
         spec,
         backend_factory(config),
         config.hidden_states.storage,
+        reuse=FeatureReuse(earlier) if earlier else None,
     )
     get_run_logger().info(
         "%s: %d tokens %s", spec.name, spec.tokens, "verified" if record["skipped"] else "built"

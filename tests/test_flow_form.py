@@ -14,7 +14,7 @@ from eaglet_prefect.flows.pipeline import pipeline
 def test_every_top_level_parameter_of_the_form_is_described():
     schema = parameter_schema(pipeline)
     assert set(schema.properties) == {
-        "config", "config_path", "until", "refresh_from", "retry_failed"
+        "config", "config_path", "until", "refresh_from", "retry_failed", "plan_only"
     }  # fmt: skip
     for name, prop in schema.properties.items():
         assert prop.get("description"), f"{name} has no description in the UI form"

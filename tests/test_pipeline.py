@@ -69,9 +69,11 @@ def copy_project(destination: Path) -> Path:
     return destination
 
 
-def test_changing_extraction_code_reruns_extract_and_later_stages_only(
+def test_a_comment_in_extraction_code_reruns_extract_only_and_the_plan_says_so(
     tmp_path, fixture_model_dir, sample_data_dir
 ):
+    """Early cutoff: extract runs again (its code changed) and writes the same bytes, so the
+    stages after it, keyed by what extract wrote, stay Cached. `--plan` says so beforehand."""
     project = copy_project(tmp_path / "project")
     work_dir = tmp_path / "work"
     overrides = small_run_overrides(work_dir, fixture_model_dir, sample_data_dir)
@@ -80,23 +82,27 @@ def test_changing_extraction_code_reruns_extract_and_later_stages_only(
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert stage_states(work_dir) == dict.fromkeys(STAGES, "Completed")
 
-    reasoning = project / "eaglet" / "reasoning.py"
-    reasoning.write_text(
-        reasoning.read_text().replace(
-            'THINK_CLOSE = "</think>"', 'THINK_CLOSE = "</think>"  # fixed: a code change'
-        )
-    )
-    second = run_cli(args, cwd=project)
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert stage_states(work_dir) == {
+    extract = project / "eaglet" / "extract.py"
+    extract.write_text(extract.read_text() + "\n# a comment: the code changed, not its output\n")
+    plan = run_cli([*args, "--plan"], cwd=project)
+    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-3000:]
+    lines = {line.split()[0]: line.split(None, 1)[1] for line in plan.stdout.splitlines()[1:]}
+    assert lines == {
         "download": "Cached",
         "tokenize": "Cached",
         "generate": "Cached",
-        "extract": "Completed",
-        "hidden_states": "Completed",
-        "train": "Completed",
-        "evaluate": "Completed",
+        "extract": "runs: code changed: eaglet.extract",
+        "hidden_states": "Cached if extract writes the same files as before",
+        "train": "Cached if extract writes the same files as before",
+        "evaluate": "Cached if extract writes the same files as before",
     }
+    second = run_cli(args, cwd=project)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert stage_states(work_dir) == {**dict.fromkeys(STAGES, "Cached"), "extract": "Completed"}
+    extract_folder = Path(inspect_work_dir(work_dir)["stages"]["extract"]["path"])
+    why = json.loads((extract_folder / "manifest.json").read_text())["why"]
+    assert why == ["code changed: eaglet.extract"]
+    assert "code changed: eaglet.extract" in (work_dir / "run_report.md").read_text()
 
 
 def test_quality_gate_failure_names_samples_and_keeps_generation(

@@ -180,6 +180,30 @@ def test_stages_that_restart_their_partial_folder_say_so():
     assert "`eaglet run CONFIG.yaml`" in note
 
 
+def test_the_resume_advice_follows_each_stages_declaration():
+    """A stage declared resumable (`eaglet.stages`) is never told it rebuilds its partial
+    folder (hidden_states was, though it keeps every finished shard), and one that restarts is."""
+    from eaglet.stages import STAGE_LIST
+
+    for spec in STAGE_LIST:
+        entry = {"error": "RuntimeError: x", "path": f"/w/{spec.name}/k.partial"}
+        rebuilds = "rebuilds this partial folder" in failure_note(spec.name, entry, None)
+        assert rebuilds != spec.resumes, spec.name
+
+
+def test_the_report_says_why_each_stage_ran(tmp_path):
+    run = start_run_record(config_for(tmp_path), None, "evaluate", None)
+    manifest = run_stage(
+        work_dir=tmp_path, stage="extract", key="k", code_hash="c", config={}, upstream=[],
+        body=lambda folder: FIGURES["extract"], why=["code changed: eaglet.extract"],
+    )  # fmt: skip
+    run["stages"]["extract"] = {"state": "Completed", "key": "k", "path": manifest.path}
+    write_run_record(tmp_path, run)
+    report = write_run_report(tmp_path)
+    assert "## Why stages ran" in report
+    assert "- **extract**: code changed: eaglet.extract" in report
+
+
 def test_a_run_without_a_config_file_resumes_from_the_config_it_wrote(tmp_path):
     work_dir = tmp_path / "work"
     config = config_for(work_dir)

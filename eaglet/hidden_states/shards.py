@@ -33,6 +33,8 @@ _ST_DTYPES = {
 if hasattr(torch, "float8_e4m3fn"):
     _ST_DTYPES[torch.float8_e4m3fn] = "F8_E4M3"
 
+INDEX = "index.jsonl"  # the hidden_states folder's index: sample id -> shard, offset, length
+
 
 @dataclass
 class WrittenFile:
@@ -116,5 +118,5 @@ def read_window(handle, offset: int, length: int, keys=None) -> dict[str, torch.
 
 
 def read_index(folder: Path) -> list[dict]:
-    lines = (Path(folder) / "index.jsonl").read_text().splitlines()
+    lines = (Path(folder) / INDEX).read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]

@@ -35,15 +35,15 @@ from eaglet.hidden_states.budget import check_disk_budget
 from eaglet.hidden_states.feature_encoding import bytes_per_token, check_storage, encode
 from eaglet.hidden_states.hf import HFBackend
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids
-from eaglet.hidden_states.shards import join_samples, write_safetensors_hashed
+from eaglet.hidden_states.shards import INDEX, join_samples, write_safetensors_hashed
 from eaglet.progress import Throttle
 from eaglet.records.examples import Example
+from eaglet.reuse import FeatureReuse, earlier_runs_alike
 from eaglet.storage import StageOutput, sha256_file, write_json_atomic
 from eaglet.target import load_config
 
 PLAN = "plan.json"
 PROGRESS = "progress"
-INDEX = "index.jsonl"
 
 
 @dataclass(frozen=True)
@@ -165,17 +165,27 @@ def build_shard(
     storage: str,
     verify_hash: bool = True,
     on_tokens: Callable[[int], None] | None = None,
+    reuse: FeatureReuse | None = None,
 ) -> dict:
     """Build one shard unless it is already finished (and verified); returns its record.
-    `on_tokens(n)` as the backend finishes each batch of n tokens."""
+    `on_tokens(n)` as the backend finishes each batch of n tokens. `reuse`: samples whose
+    token ids an earlier folder alike holds are copied from it, never computed again."""
     done = shard_finished(folder, spec.name, verify_hash)
     if done is not None:
         return {**done, "skipped": True}
     examples = read_examples(examples_path, spec)
-    backend = backend_factory()
-    features = backend.features(examples, on_tokens=on_tokens)
-    encoded = [encode_sample(e, f, storage) for e, f in zip(examples, features, strict=True)]
-    del features
+    stored: dict[str, dict[str, torch.Tensor]] = {}
+    for example in examples if reuse is not None else ():
+        taken = reuse.take(example.sample_id, example.input_ids, example.loss_mask)
+        if taken is not None:
+            stored[example.sample_id] = taken
+    todo = [e for e in examples if e.sample_id not in stored]
+    if todo:  # no backend (no model load, no server) for a shard wholly reused
+        features = backend_factory().features(todo, on_tokens=on_tokens)
+        for example, computed in zip(todo, features, strict=True):
+            stored[example.sample_id] = encode_sample(example, computed, storage)
+        del features
+    encoded = [stored.pop(e.sample_id) for e in examples]
     rows, offset = [], 0
     for example in examples:
         rows.append([example.sample_id, offset, len(example.input_ids)])
@@ -190,7 +200,7 @@ def build_shard(
     }
     (folder / PROGRESS).mkdir(exist_ok=True)
     write_json_atomic(record_path(folder, spec.name), record)
-    return {**record, "skipped": False}
+    return {**record, "skipped": False, "reused": len(examples) - len(todo)}
 
 
 def write_index(folder: Path, specs: list[ShardSpec]) -> dict[str, dict[str, Any]]:
@@ -369,6 +379,9 @@ def stage_body(
         num_layers, hidden_size, ids = target_shape(config)
         specs = prepare_stage(config, folder, examples_path)
         progress = Progress(sum(s.tokens for s in specs), report)
+        earlier = earlier_runs_alike("hidden_states", config, folder)
+        reuse = FeatureReuse(earlier) if earlier else None
+        reused = computed = 0
         with ExitStack() as stack:  # a vLLM server eaglet started stops when the loop ends
             get_backend = backend_factory(config, stack, folder, report)
             for spec in specs:
@@ -382,13 +395,23 @@ def stage_body(
 
                 record = build_shard(
                     folder, examples_path, spec, get_backend, settings.storage, verify_hash,
-                    on_tokens,
+                    on_tokens, reuse,
                 )  # fmt: skip
+                if not record["skipped"]:
+                    reused += record["reused"]
+                    computed += len(record["samples"]) - record["reused"]
                 progress.add(spec.tokens - within[0], force=not record["skipped"])
                 if on_progress is not None:
                     on_progress(progress.fraction)
+        if reuse is not None:
+            reuse.close()
+            report(
+                f"hidden states: {reused} samples' features reused from {', '.join(reuse.sources)} "
+                f"(same token ids, target, layers, storage and code), {computed} computed"
+            )
         files = write_index(folder, specs)
         info = stage_info(specs, settings.storage, settings.backend, ids, num_layers, hidden_size)
+        info.update(reused_samples=reused, computed_samples=computed)
         counts = {"records": info["samples"], "tokens": info["tokens"]}
         return StageOutput(counts=counts, info=info, files=files)
 

@@ -21,6 +21,7 @@ from eaglet.generation import (
 )
 from eaglet.records.io import read_jsonl
 from eaglet.records.prompts import Prompt
+from eaglet.reuse import seed_generations
 from eaglet.stage_context import StageContext
 from eaglet.stages import FAILED_FILE, GENERATIONS_FILE, PROMPTS_FILE
 from eaglet.storage import Manifest, StageOutput, stage_dir
@@ -65,6 +66,15 @@ def run(
         set_progress(update.done / max(1, update.total), None)
 
     failed_path = folder / FAILED_FILE
+    reused = 0
+    if config.tokenize.regenerate != "all":  # turn by turn, each turn's prompt is new
+        reused, sources = seed_generations(config, all_prompts, folder / GENERATIONS_FILE)
+        if reused:
+            ctx.info(
+                f"generate: {reused} of {len(all_prompts)} records reused from "
+                f"{', '.join(sources)} (same prompt ids, sampling, engine settings and code); "
+                f"{len(all_prompts) - reused} to generate"
+            )
     engine = make_engine(config, tokenizer, api_key=key)
     try:
         if config.tokenize.regenerate == "all":
@@ -90,5 +100,5 @@ def run(
             "truncated": figures["finish_reasons"].get("length", 0),
             "looped": figures["finish_reasons"].get("loop", 0),
         },
-        info={"engine": config.generation.engine, **figures},
+        info={"engine": config.generation.engine, **figures, "reused": reused},
     )

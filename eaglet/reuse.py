@@ -1,0 +1,142 @@
+"""Per-sample reuse across keys: a stage that must run again only because what it reads changed
+takes every sample whose input is unchanged from an earlier complete folder of the same stage
+that ran the same code with the same settings, and computes only the rest.
+
+A folder qualifies when its manifest's keyed config equals this run's and its code hash too:
+then the only difference is upstream output, and a sample whose own input is equal (its prompt
+ids and sampling for `generate`, its token ids for `hidden_states`) gets the same output. A
+setting that changes every sample (another target, other layers, another storage form) changes
+the keyed config, and nothing is reused. The folders are read, never changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from eaglet.cache import code_hash, stage_config
+from eaglet.config import PipelineConfig
+from eaglet.hidden_states.shards import INDEX
+from eaglet.records.prompts import Prompt
+from eaglet.stages import GENERATIONS_FILE
+from eaglet.storage import PARTIAL_SUFFIX, Manifest, ManifestError, read_manifest
+
+
+def earlier_runs_alike(stage: str, config: PipelineConfig, folder: Path) -> list[Path]:
+    """Complete folders of `stage` in the work dir, newest first, that ran this stage's code
+    with this run's keyed config (`folder`, the one being written, left out)."""
+    own_key = folder.name.removesuffix(PARTIAL_SUFFIX)
+    wanted_config, wanted_code = stage_config(stage, config), code_hash(stage, config)
+    found: list[Manifest] = []
+    root = Path(config.work_dir).resolve() / stage
+    for entry in root.iterdir() if root.is_dir() else ():
+        if not entry.is_dir() or entry.name == own_key or "." in entry.name:
+            continue
+        try:
+            manifest = read_manifest(entry)
+        except ManifestError:
+            continue
+        if (
+            manifest is not None
+            and manifest.code_hash == wanted_code
+            and json.dumps(manifest.config, sort_keys=True, default=str)
+            == json.dumps(wanted_config, sort_keys=True, default=str)
+        ):
+            found.append(manifest)
+    found.sort(key=lambda m: m.finished, reverse=True)
+    return [root / m.key for m in found]
+
+
+def _prompt_key(source: str, prompt_ids: list[int], sampling: dict | None) -> str:
+    return json.dumps([source, prompt_ids, sampling], sort_keys=True)
+
+
+def seed_generations(
+    config: PipelineConfig, prompts: list[Prompt], out_path: Path
+) -> tuple[int, list[str]]:
+    """Write into the new `out_path` the earlier records of the prompts that did not change
+    (same source, prompt ids and sampling), their lines copied byte for byte; returns how many
+    and the folders they came from. Does nothing when `out_path` exists (a resumed run)."""
+    if out_path.exists():
+        return 0, []
+    wanted = {p.sample_id: _prompt_key(p.source, p.prompt_ids, p.sampling) for p in prompts}
+    taken: dict[str, bytes] = {}
+    sources = []
+    for folder in earlier_runs_alike("generate", config, out_path.parent):
+        before = len(taken)
+        with open(folder / GENERATIONS_FILE, "rb") as handle:
+            for line in handle:
+                record = json.loads(line)
+                sample_id = record["sample_id"]
+                if sample_id in taken or sample_id not in wanted:
+                    continue
+                key = _prompt_key(record["source"], record["prompt_ids"], record.get("sampling"))
+                if key == wanted[sample_id]:
+                    taken[sample_id] = line
+        if len(taken) > before:
+            sources.append(folder.name)
+    written = 0
+    if taken:
+        with open(out_path, "wb") as out:
+            for prompt in prompts:  # in the prompts' order
+                line = taken.pop(prompt.sample_id, None)
+                if line is not None:
+                    out.write(line if line.endswith(b"\n") else line + b"\n")
+                    written += 1
+            out.flush()
+            os.fsync(out.fileno())
+    return written, sources
+
+
+class FeatureReuse:
+    """The stored features of earlier `hidden_states` folders alike (`earlier_runs_alike`), by
+    sample id: `take(example)` gives a sample's tensors in their storage form, read bit for
+    bit from the old shard (never decoded and encoded again), when its token ids are equal;
+    its loss mask is the example's own (extract may have changed it)."""
+
+    def __init__(self, folders: list[Path]):
+        self.where: dict[str, tuple[Path, int, int]] = {}  # id -> (shard, offset, length)
+        for folder in reversed(folders):  # the newest folder's entry wins
+            with open(folder / INDEX, encoding="utf-8") as index:
+                for line in index:
+                    row = json.loads(line)
+                    self.where[row["sample_id"]] = (
+                        folder / row["shard"],
+                        row["offset"],
+                        row["length"],
+                    )
+        self.sources = [f.name for f in folders]
+        self._handles: dict[Path, object] = {}
+
+    def _open(self, shard: Path):
+        from safetensors import safe_open
+
+        if shard not in self._handles:
+            self._handles[shard] = safe_open(str(shard), framework="pt")
+        return self._handles[shard]
+
+    def take(self, sample_id: str, input_ids: list[int], loss_mask: list[int]) -> dict | None:
+        import torch
+
+        found = self.where.get(sample_id)
+        if found is None or found[2] != len(input_ids):
+            return None
+        shard, offset, length = found
+        handle = self._open(shard)
+        stored_ids = handle.get_slice("input_ids")[offset : offset + length]
+        if stored_ids.tolist() != list(input_ids):
+            return None
+        tensors = {
+            key: handle.get_slice(key)[offset : offset + length].contiguous()
+            for key in handle.keys()
+            if key not in ("input_ids", "loss_mask")
+        }
+        return {
+            "input_ids": stored_ids.to(torch.int64),  # [n]
+            "loss_mask": torch.tensor(loss_mask, dtype=torch.uint8),  # [n]
+            **tensors,
+        }
+
+    def close(self) -> None:
+        self._handles.clear()

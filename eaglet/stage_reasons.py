@@ -1,0 +1,196 @@
+"""Why a stage runs, and what a run will do before it starts (`eaglet run --plan`).
+
+A stage runs when no complete folder holds its key (`eaglet.cache`). Its reasons are read
+against the stage's previous complete folder in the work dir (the newest other one): the
+config values of its key that differ (dotted paths, old and new value), the modules of its code
+whose source differs (each manifest records its modules' hashes), and the upstream stages whose
+output (their files' content) differs from what the previous folder read. A reason is recorded
+in the manifest (`why`), logged when the stage starts, and shown by the run report.
+
+The plan walks the stages as the flow would, computing each key from what the stages before it
+wrote. A stage that will run has no output yet: the plan assumes it writes what it wrote before
+(its previous folder), so a later stage whose folder exists under that assumption is "Cached if
+<stage> writes the same files" (early cutoff), and runs otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eaglet.cache import code_hash, code_modules, stage_config, stage_key
+from eaglet.config import PipelineConfig
+from eaglet.stages import STAGE, STAGE_LIST, STAGES
+from eaglet.storage import (
+    PARTIAL_SUFFIX,
+    Manifest,
+    ManifestError,
+    StageCorruptError,
+    check_stage_folder,
+    read_manifest,
+    stage_folder,
+)
+
+MAX_SHOWN = 6  # config paths or modules named in one reason
+
+
+def previous_folder(work_dir: Path, stage: str, key: str) -> Manifest | None:
+    """The newest complete folder of `stage` in `work_dir` other than `key`'s (None if none)."""
+    folder = Path(work_dir) / stage
+    if not folder.is_dir():
+        return None
+    found: list[Manifest] = []
+    for entry in folder.iterdir():
+        if entry.name == key or not entry.is_dir() or "." in entry.name:  # .partial, .replaced-
+            continue
+        try:
+            manifest = read_manifest(entry)
+        except ManifestError:
+            continue
+        if manifest is not None:
+            found.append(manifest)
+    return max(found, key=lambda m: m.finished, default=None)
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for name, inner in value.items():
+            out.update(_flat(inner, f"{prefix}.{name}" if prefix else str(name)))
+        return out
+    return {prefix: value}
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _named(items: list[str]) -> str:
+    more = f" and {len(items) - MAX_SHOWN} more" if len(items) > MAX_SHOWN else ""
+    return ", ".join(items[:MAX_SHOWN]) + more
+
+
+def config_reason(current: dict[str, Any], previous: dict[str, Any]) -> str | None:
+    """'config: generation.max_tokens 256 -> 512, ...' for the keyed values that differ."""
+    now, before = _flat(current), _flat(previous)
+    changed = sorted(k for k in now.keys() | before.keys() if now.get(k) != before.get(k))
+    if not changed:
+        return None
+    shown = [f"{k} {_short(before.get(k))} -> {_short(now.get(k))}" for k in changed]
+    return f"config changed: {_named(shown)}"
+
+
+def code_reason(current: dict[str, str], previous: Manifest, current_hash: str) -> str | None:
+    """'code changed: eaglet.extract, ...' naming the modules whose source differs."""
+    if previous.code_hash == current_hash:
+        return None
+    if not previous.code_modules:
+        return "code changed (the earlier folder did not record its modules)"
+    changed = sorted(
+        m for m in current.keys() | previous.code_modules.keys()
+        if current.get(m) != previous.code_modules.get(m)
+    )  # fmt: skip
+    return f"code changed: {_named(changed)}"
+
+
+def upstream_reason(upstream: list[Manifest], previous: Manifest) -> str | None:
+    """'upstream output changed: extract' for the stages read whose files differ."""
+    changed = []
+    for manifest in upstream:
+        before = previous.upstream_outputs.get(manifest.stage)
+        if before is None:  # an earlier manifest: its upstream's key is all it recorded
+            if previous.upstream.get(manifest.stage) != manifest.key:
+                changed.append(manifest.stage)
+        elif before != manifest.output_hash():
+            changed.append(manifest.stage)
+    return f"upstream output changed: {', '.join(changed)}" if changed else None
+
+
+def why_it_runs(
+    stage: str,
+    config: PipelineConfig,
+    upstream: list[Manifest],
+    refresh: bool = False,
+    modules: dict[str, str] | None = None,
+) -> list[str]:
+    """Why `stage` cannot reuse a folder (empty when its folder is complete and no refresh)."""
+    work_dir = Path(config.work_dir)
+    key = stage_key(stage, config, upstream)
+    if refresh:
+        return ["refresh asked for (refresh_from)"]
+    try:
+        if check_stage_folder(stage_folder(work_dir, stage, key)) is not None:
+            return []
+    except (ManifestError, StageCorruptError) as exc:
+        return [f"its folder cannot be trusted: {str(exc).splitlines()[0]}"]
+    reasons = []
+    partial = stage_folder(work_dir, stage, key).with_name(key + PARTIAL_SUFFIX)
+    if partial.is_dir() and STAGE[stage].resumes:
+        reasons.append(f"resumes its unfinished folder {partial.name}")
+    previous = previous_folder(work_dir, stage, key)
+    if previous is None:
+        return reasons or ["first run of this stage in this work dir"]
+    modules = code_modules(stage, config) if modules is None else modules
+    found = [
+        config_reason(stage_config(stage, config), previous.config),
+        code_reason(modules, previous, code_hash(stage, config)),
+        upstream_reason(upstream, previous),
+    ]
+    reasons += [r for r in found if r]
+    return reasons or [f"no complete folder for its key (the last one is {previous.key})"]
+
+
+@dataclass
+class StagePlan:
+    stage: str
+    state: str  # "Cached", "runs", "skipped" (online), or "Cached if ..." (early cutoff)
+    key: str = ""
+    reasons: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        why = f": {'; '.join(self.reasons)}" if self.reasons else ""
+        return f"  {self.stage:<14} {self.state}{why}"
+
+
+def plan_run(
+    config: PipelineConfig, until: str = "evaluate", refresh_from: str | None = None
+) -> list[StagePlan]:
+    """What `eaglet run` would do, stage by stage, without running anything."""
+    work_dir = Path(config.work_dir)
+    outputs: dict[str, Manifest] = {}  # what each stage wrote, or (if it runs) wrote last time
+    running: dict[str, list[str]] = {}  # stage -> the stages that run whose output it waits on
+    plans = []
+    refresh_index = STAGES.index(refresh_from) if refresh_from else len(STAGES)
+    for spec in STAGE_LIST[: STAGES.index(until) + 1]:
+        if not spec.runs(config):
+            plans.append(StagePlan(spec.name, "skipped (train.hidden_states: online)"))
+            continue
+        missing = [name for name in spec.inputs(config) if name not in outputs]
+        if missing:
+            plans.append(StagePlan(spec.name, "runs", reasons=[
+                f"reads {', '.join(missing)}, which no earlier run wrote"
+            ]))  # fmt: skip
+            continue
+        upstream = [outputs[name] for name in spec.inputs(config)]
+        key = stage_key(spec.name, config, upstream)
+        refresh = STAGES.index(spec.name) >= refresh_index
+        reasons = why_it_runs(spec.name, config, upstream, refresh)
+        waits = sorted({s for m in upstream for s in running.get(m.stage, [])}, key=STAGES.index)
+        if not reasons:
+            folder = stage_folder(work_dir, spec.name, key)
+            outputs[spec.output] = read_manifest(folder)  # type: ignore[assignment]
+            state = "Cached"
+            if waits:
+                verb = "writes" if len(waits) == 1 else "write"
+                state = f"Cached if {' and '.join(waits)} {verb} the same files as before"
+                running[spec.name] = waits
+            plans.append(StagePlan(spec.name, state, key))
+            continue
+        plans.append(StagePlan(spec.name, "runs", key, reasons))
+        running[spec.name] = [spec.name]
+        previous = previous_folder(work_dir, spec.name, key)
+        if previous is not None:  # assume it writes what it wrote before (early cutoff)
+            outputs[spec.output] = previous
+    return plans
