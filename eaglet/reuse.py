@@ -52,20 +52,17 @@ def _prompt_key(source: str, prompt_ids: list[int], sampling: dict | None) -> st
     return json.dumps([source, prompt_ids, sampling], sort_keys=True)
 
 
-def seed_generations(
-    config: PipelineConfig, prompts: list[Prompt], out_path: Path
-) -> tuple[int, list[str]]:
-    """Write into the new `out_path` the earlier records of the prompts that did not change
-    (same source, prompt ids and sampling), their lines copied byte for byte; returns how many
-    and the folders they came from. Does nothing when `out_path` exists (a resumed run)."""
-    if out_path.exists():
-        return 0, []
+def reusable_generations(
+    config: PipelineConfig, prompts: list[Prompt], folder: Path
+) -> tuple[dict[str, bytes], list[str]]:
+    """The earlier record lines (sample id -> line) of the prompts that did not change (same
+    source, prompt ids and sampling) in folders alike, and the folders they come from."""
     wanted = {p.sample_id: _prompt_key(p.source, p.prompt_ids, p.sampling) for p in prompts}
     taken: dict[str, bytes] = {}
     sources = []
-    for folder in earlier_runs_alike("generate", config, out_path.parent):
+    for earlier in earlier_runs_alike("generate", config, folder):
         before = len(taken)
-        with open(folder / GENERATIONS_FILE, "rb") as handle:
+        with open(earlier / GENERATIONS_FILE, "rb") as handle:
             for line in handle:
                 record = json.loads(line)
                 sample_id = record["sample_id"]
@@ -75,7 +72,19 @@ def seed_generations(
                 if key == wanted[sample_id]:
                     taken[sample_id] = line
         if len(taken) > before:
-            sources.append(folder.name)
+            sources.append(earlier.name)
+    return taken, sources
+
+
+def seed_generations(
+    config: PipelineConfig, prompts: list[Prompt], out_path: Path
+) -> tuple[int, list[str]]:
+    """Write into the new `out_path` the earlier records of the prompts that did not change,
+    their lines copied byte for byte; returns how many and the folders they came from. Does
+    nothing when `out_path` exists (a resumed run)."""
+    if out_path.exists():
+        return 0, []
+    taken, sources = reusable_generations(config, prompts, out_path.parent)
     written = 0
     if taken:
         with open(out_path, "wb") as out:
@@ -87,6 +96,31 @@ def seed_generations(
             out.flush()
             os.fsync(out.fileno())
     return written, sources
+
+
+def reuse_estimate(
+    stage: str, config: PipelineConfig, upstream_folder: Path, folder: Path
+) -> tuple[int, int] | None:
+    """(samples reused, samples computed) if `stage` ran now into `folder`, reading the
+    complete upstream folder `upstream_folder`; None for a stage that reuses nothing."""
+    from eaglet.records.examples import Example
+    from eaglet.records.io import read_jsonl
+    from eaglet.stages import EXAMPLES_FILE, PROMPTS_FILE
+
+    if stage == "generate" and config.tokenize.regenerate != "all":
+        prompts = list(read_jsonl(upstream_folder / PROMPTS_FILE, Prompt))
+        taken, _ = reusable_generations(config, prompts, folder)
+        return len(taken), len(prompts) - len(taken)
+    if stage == "hidden_states":
+        rows = list(read_jsonl(upstream_folder / EXAMPLES_FILE, Example))
+        earlier = earlier_runs_alike(stage, config, folder)
+        if not earlier:
+            return 0, len(rows)
+        reuse = FeatureReuse(earlier)
+        found = sum(reuse.has(e.sample_id, e.input_ids) for e in rows)
+        reuse.close()
+        return found, len(rows) - found
+    return None
 
 
 class FeatureReuse:
@@ -116,17 +150,26 @@ class FeatureReuse:
             self._handles[shard] = safe_open(str(shard), framework="pt")
         return self._handles[shard]
 
-    def take(self, sample_id: str, input_ids: list[int], loss_mask: list[int]) -> dict | None:
-        import torch
-
+    def _stored_ids(self, sample_id: str, input_ids: list[int]):
+        """The stored token ids of `sample_id` when they equal `input_ids`, else None."""
         found = self.where.get(sample_id)
         if found is None or found[2] != len(input_ids):
             return None
         shard, offset, length = found
-        handle = self._open(shard)
-        stored_ids = handle.get_slice("input_ids")[offset : offset + length]
-        if stored_ids.tolist() != list(input_ids):
+        stored_ids = self._open(shard).get_slice("input_ids")[offset : offset + length]
+        return stored_ids if stored_ids.tolist() == list(input_ids) else None
+
+    def has(self, sample_id: str, input_ids: list[int]) -> bool:
+        return self._stored_ids(sample_id, input_ids) is not None
+
+    def take(self, sample_id: str, input_ids: list[int], loss_mask: list[int]) -> dict | None:
+        import torch
+
+        stored_ids = self._stored_ids(sample_id, input_ids)
+        if stored_ids is None:
             return None
+        shard, offset, length = self.where[sample_id]
+        handle = self._open(shard)
         tensors = {
             key: handle.get_slice(key)[offset : offset + length].contiguous()
             for key in handle.keys()

@@ -21,6 +21,7 @@ from typing import Any
 
 from eaglet.cache import code_hash, code_modules, stage_config, stage_key
 from eaglet.config import PipelineConfig
+from eaglet.reuse import reuse_estimate
 from eaglet.stages import STAGE, STAGE_LIST, STAGES
 from eaglet.storage import (
     PARTIAL_SUFFIX,
@@ -29,6 +30,7 @@ from eaglet.storage import (
     StageCorruptError,
     check_stage_folder,
     read_manifest,
+    stage_dir,
     stage_folder,
 )
 
@@ -188,6 +190,13 @@ def plan_run(
                 running[spec.name] = waits
             plans.append(StagePlan(spec.name, state, key))
             continue
+        if not waits and len(upstream) >= 1:  # its input is known: count what it would reuse
+            estimate = reuse_estimate(
+                spec.name, config, stage_dir(work_dir, upstream[0]),
+                stage_folder(work_dir, spec.name, key),
+            )  # fmt: skip
+            if estimate is not None:
+                reasons.append(f"{estimate[0]} samples reused, {estimate[1]} computed")
         plans.append(StagePlan(spec.name, "runs", key, reasons))
         running[spec.name] = [spec.name]
         previous = previous_folder(work_dir, spec.name, key)

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
+from eaglet.cache import stage_key
 from eaglet.config import load_config
 from eaglet.hidden_states.hf import HFBackend
 from eaglet.records.examples import Example
+from eaglet.reuse import reuse_estimate
 from eaglet.stage_context import PlainContext
 from eaglet.stage_runner import run_stage_body
 from eaglet.stages import EXAMPLES_FILE
@@ -88,6 +90,10 @@ def test_a_fix_that_changes_k_examples_recomputes_the_features_of_those_k_only(
     computed.clear()
     changed = {2, 7, 11}
     after = extract_folder(tmp_path / "work", examples(12, changed), "e2")
+    key = stage_key("hidden_states", config, [after])  # what --plan reads before it runs
+    folder = tmp_path / "work" / "hidden_states" / key
+    estimate = reuse_estimate("hidden_states", config, tmp_path / "work" / after.path, folder)
+    assert estimate == (9, 3)
     lines: list[str] = []
     second = run_stage_body(
         "hidden_states", config, {"examples": after}, PlainContext(lines.append)
