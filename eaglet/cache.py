@@ -34,8 +34,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from eaglet.config import PipelineConfig, is_cache_neutral
+from eaglet.draft.methods import METHODS
 from eaglet.engines.registry import engine_spec
-from eaglet.stages import STAGE
+from eaglet.stages import LAYER_IDS, STAGE
 from eaglet.storage import Manifest, canonical_json, sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +61,7 @@ NOT_OUTPUT = frozenset(
 # fingerprinted by size plus their first and last MiB: hashing 100 GB of shards on every run
 # would cost minutes, and a re-exported checkpoint changes its header bytes anyway.
 _FULL_HASH_LIMIT = 256 << 20
+METHOD_STAGES = ("train", "evaluate")  # their code holds the draft method's module
 WORK_DIR_MARKER = ".eaglet.lock"  # eaglet.work_dir_lock.LOCK_FILE: every work dir a run used
 
 
@@ -160,6 +162,8 @@ def stage_modules(stage: str, config: PipelineConfig | None = None) -> tuple[str
     skip: frozenset[str] = frozenset()
     if stage == "generate" and config is not None:
         roots += (engine_spec(config.generation.engine).module,)
+    if stage in METHOD_STAGES:  # the chosen draft method's module (its layers, net, files)
+        roots += (METHODS[config.train.method if config is not None else "eagle3"],)
     if stage == "generate" and (config is None or config.tokenize.regenerate != "all"):
         # Turn-by-turn regeneration (and through it the reasoning split) decides generate's
         # output only with regenerate=all: a fix to extraction must not re-run generation.
@@ -251,6 +255,11 @@ def keyed_value(config: PipelineConfig, path: str) -> Any:
             {**d.model_dump(exclude={"path"}), "content": file_fingerprint(d.path)}
             for d in config.datasets
         ]
+    if path == LAYER_IDS:  # the layers the method reads (its default resolved), not its code
+        from eaglet.hidden_states.layers import layer_ids_of
+        from eaglet.target import load_config
+
+        return layer_ids_of(config, load_config(config.target).num_hidden_layers)
     if path == "target.dtype":  # what `auto` picks on this machine
         from eaglet.target import target_dtype
 

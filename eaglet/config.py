@@ -22,6 +22,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
+from eaglet.draft.methods import MethodName
 from eaglet.errors import PermanentError
 from eaglet.local_paths import absolute, is_hub_dataset, is_hub_id
 
@@ -522,7 +523,40 @@ class HiddenStatesConfig(_Strict):
         return self
 
 
+class DFlashSettings(_Strict):
+    block_size: int = Field(
+        5,
+        ge=2,
+        le=33,
+        description="Tokens per block: the target's token and block_size - 1 masks, so each "
+        "round drafts block_size - 1 tokens (vLLM's num_speculative_tokens; "
+        "evaluate.num_speculative_tokens must equal it).",
+    )
+    num_layers: int = Field(1, ge=1, le=16, description="Draft decoder layers.")
+    anchors: int = Field(
+        32,
+        ge=1,
+        le=4096,
+        description="Blocks trained per sequence per step, their anchors drawn among the "
+        "positions whose next token is model output.",
+    )
+    mask_token_id: int | None = Field(
+        None,
+        ge=0,
+        description="The token id of the mask slots (its embedding is the target's). Blank: the "
+        "target's pad token, else its last token id.",
+    )
+
+
 class TrainConfig(_Strict):
+    method: MethodName = Field(
+        "eagle3",
+        description="The draft method: eagle3 (a chain of k one-token steps, training-time "
+        "test) or dflash (a block of k tokens drafted in one pass; settings in train.dflash).",
+    )
+    dflash: DFlashSettings = Field(
+        default_factory=DFlashSettings, description="DFlash: used with train.method=dflash."
+    )
     epochs: int = Field(
         8,
         ge=1,
@@ -859,7 +893,7 @@ class PipelineConfig(_Strict):
         default_factory=HiddenStatesConfig,
         description="The target's features the draft learns from: layers, backend, storage.",
     )
-    train: TrainConfig = Field(default_factory=TrainConfig, description="EAGLE-3 draft training.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Draft training.")
     evaluate: EvaluateConfig = Field(
         default_factory=EvaluateConfig,
         description="Acceptance length of the trained draft on held-out prompts.",

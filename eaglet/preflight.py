@@ -412,7 +412,7 @@ def load_target(config: PipelineConfig, report: PreflightReport) -> None:
 
 
 def check_layers(config: PipelineConfig, model_config: Any, report: PreflightReport) -> None:
-    from eaglet.hidden_states.layers import resolve_aux_layer_ids
+    from eaglet.hidden_states.layers import layer_ids_of
 
     layers = getattr(model_config, "num_hidden_layers", None)
     if not isinstance(layers, int):
@@ -422,11 +422,41 @@ def check_layers(config: PipelineConfig, model_config: Any, report: PreflightRep
         )
         return
     try:
-        ids = resolve_aux_layer_ids(config.hidden_states.aux_layer_ids, layers)
+        ids = layer_ids_of(config, layers)
     except ValueError as exc:
         report.problems.append(f"hidden_states.aux_layer_ids: {exc}")
         return
     report.passed.append(f"hidden_states.aux_layer_ids {ids} fit the {layers}-layer target")
+
+
+def check_method(config: PipelineConfig, model_config: Any, report: PreflightReport) -> None:
+    """The draft method's own constraints (`DraftMethod.problems`), and settings of another
+    method set away from their defaults: with this method they would do nothing."""
+    from eaglet.config import TrainConfig
+    from eaglet.draft.methods import draft_method
+    from eaglet.draft.target_head import head_config
+
+    method = draft_method(config.train.method)
+    try:
+        found = method.problems(config, head_config(model_config))
+    except (AttributeError, TypeError):  # a config the checks above already named
+        return
+    defaults = TrainConfig()
+    for name in getattr(method, "foreign_settings", ()):
+        value = getattr(config.train, name)
+        if value != getattr(defaults, name):
+            found.append(
+                f"train.{name}={value}: train.method={method.name} does not read it; remove it "
+                f"(or set train.method to the method it belongs to)"
+            )
+    if method.name != "dflash" and config.train.dflash != defaults.dflash:
+        found.append(
+            f"train.dflash is set but train.method={method.name}: the settings would do "
+            "nothing; remove them, or set train.method=dflash"
+        )
+    report.problems.extend(f"train.method={method.name}: {p}" for p in found)
+    if not found:
+        report.passed.append(f"train.method={method.name}: its settings fit this target")
 
 
 def _non_finite_tensor(path: Path) -> str | None:
@@ -454,14 +484,14 @@ def check_init_from(config: PipelineConfig, model_config: Any, report: Preflight
         unused_settings,
     )
     from eaglet.draft.target_head import head_config
-    from eaglet.hidden_states.layers import resolve_aux_layer_ids
+    from eaglet.hidden_states.layers import layer_ids_of
 
     train = config.train
     if not train.init_from:
         return
     try:
         target = head_config(model_config)
-        ids = resolve_aux_layer_ids(config.hidden_states.aux_layer_ids, target["num_hidden_layers"])
+        ids = layer_ids_of(config, target["num_hidden_layers"])
     except (ValueError, AttributeError):  # check_layers names what is wrong with the layers
         return
     try:
@@ -838,6 +868,7 @@ def preflight(config: PipelineConfig, until: str = "evaluate") -> PreflightRepor
     model_config, tokenizer = report.model_config, report.tokenizer
     if model_config is not None:
         check_layers(config, model_config, report)
+        check_method(config, model_config, report)
         check_lengths(config, model_config, report)
         check_init_from(config, model_config, report)
     if tokenizer is not None:

@@ -250,7 +250,9 @@ def key_figures(stage: str, manifest: dict[str, Any]) -> str:
         loss = "n/a" if final is None else f"{final:.4f}"
         if final is not None and initial is not None:
             loss += f" (first {initial:.4f})"
-        text = f"final loss {loss}; {info.get('steps', 0)} steps"
+        text = (
+            f"{info.get('method', 'eagle3')} draft; final loss {loss}; {info.get('steps', 0)} steps"
+        )
         if "hidden_states_mode" in info:
             text += f"; {training_line(info)}"
         return text
@@ -258,7 +260,8 @@ def key_figures(stage: str, manifest: dict[str, Any]) -> str:
         tau, untrained = info.get("tau"), info.get("untrained_tau")
         if tau is None:
             return ""
-        text = f"τ {tau:.3f} trained vs {untrained:.3f} untrained"
+        method = info.get("method", "eagle3")
+        text = f"τ {tau:.3f} ({method}) trained vs {untrained:.3f} untrained"
         if info.get("segments"):
             text += "; " + segments_text(info["segments"], symbol="τ")
         if info.get("sampled"):

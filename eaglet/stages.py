@@ -35,6 +35,9 @@ EXAMPLES_FILE = "examples.jsonl"  # extract
 QUALITY_FILE = "quality.json"  # extract
 DRAFT_FOLDER = "draft"  # train: the vLLM export, what evaluate loads
 REPORT_FILE = "report.json"  # evaluate
+# A keyed value that is no config field: the target layers the run's draft method reads
+# (`eaglet.hidden_states.layers.layer_ids_of`), so a method's default keys what it extracts.
+LAYER_IDS = "hidden_states.layer_ids"
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ STAGE_LIST: tuple[Stage, ...] = (
         output="features",
         reads=("examples",),
         files=(),  # safetensors shards and index.jsonl (eaglet.hidden_states.shards)
-        keyed_by=("hidden_states", "target.model", "target.dtype"),
+        keyed_by=("hidden_states", LAYER_IDS, "target.model", "target.dtype"),
         body="eaglet.stage_bodies.hidden_states:run",
         resumes=True,  # keeps every finished shard
         skipped_online=True,  # online, train computes the features itself
@@ -147,7 +150,7 @@ STAGE_LIST: tuple[Stage, ...] = (
         resumes=True,  # from the last checkpoint
         reads_online=("examples",),
         # Online, train computes the features itself: what decides them is keyed here.
-        keyed_by_online=("hidden_states.aux_layer_ids", "target.dtype"),
+        keyed_by_online=(LAYER_IDS, "target.dtype"),
     ),
     Stage(
         name="evaluate",

@@ -112,6 +112,8 @@ def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
         training = {
             key: info[key]
             for key in (
+                "method",
+                "exports",  # engine -> folder beside the draft
                 "hidden_states_mode",
                 "feature_bytes_stored",
                 "feature_bytes_saved",
@@ -124,6 +126,7 @@ def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
     if stages["evaluate"]["status"] == "complete":
         report = json.loads((Path(stages["evaluate"]["path"]) / REPORT_FILE).read_text())
         evaluation = {
+            "method": report["draft"].get("method", "eagle3"),
             "tau": report["tau"],
             "untrained_tau": report["untrained_tau"],
             **({"emitted_tau": report["emitted_tau"]} if "emitted_tau" in report else {}),

@@ -128,3 +128,47 @@ def test_no_engine_imports_another_engine():
     assert not graph["eaglet.engines.registry"] & engine_modules
     for module in engine_modules | {"eaglet.engines.http"}:
         assert not (graph[module] & engine_modules) - {module}, module
+
+
+ADD_A_METHOD = r"""
+import sys
+from eaglet.cache import stage_modules
+from eaglet.config import load_config
+from eaglet.draft.methods import METHODS, draft_method
+
+config = load_config(None, ["train.method=toy"])
+method = draft_method("toy")
+assert method.name == "toy", method.name
+assert "eaglet.draft.methods.toy" in stage_modules("train", config)
+assert "eaglet.draft.methods.toy" not in stage_modules("train", load_config(None, []))
+print("ok", sorted(METHODS))
+"""
+
+
+def test_adding_a_draft_method_is_its_module_and_one_registry_line(tmp_path):
+    """In a copy of the project: a module for a new method and one line in the registry make
+    it a `train.method` choice, the trainer's, and a key of the train stage's code."""
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(
+        ROOT / "eaglet", tmp_path / "eaglet", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    methods = tmp_path / "eaglet" / "draft" / "methods"
+    (methods / "toy.py").write_text(
+        '"""A toy method: EAGLE-3 under another name."""\n'
+        "from eaglet.draft.methods.eagle3 import Eagle3Method\n\n\n"
+        'class ToyMethod(Eagle3Method):\n    name = "toy"\n\n\nMETHOD = ToyMethod()\n'
+    )
+    registry = methods / "__init__.py"
+    text = registry.read_text()
+    line = '    "dflash": "eaglet.draft.methods.dflash",\n'
+    assert line in text
+    registry.write_text(text.replace(line, line + '    "toy": "eaglet.draft.methods.toy",\n'))
+    result = subprocess.run(
+        [sys.executable, "-c", ADD_A_METHOD], cwd=tmp_path, capture_output=True, text=True,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("ok ['dflash', 'eagle3', 'toy']")

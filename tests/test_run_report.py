@@ -130,7 +130,7 @@ def test_report_of_a_finished_run_gives_state_records_seconds_figures_and_folder
     assert "reasoning captured 87.5%" in figures(report, "extract")
     assert "final loss 2.5000 (first 6.2500)" in figures(report, "train")
     assert "online hidden states, 0 B stored (3.0 MiB of int8 shards saved)" in report
-    assert "τ 2.250 trained vs 1.000 untrained" in figures(report, "evaluate")
+    assert "τ 2.250 (eagle3) trained vs 1.000 untrained" in figures(report, "evaluate")
     assert "sampled at T=0.6, top_p 0.95: τ 1.875 (expected 1.900, 40 rounds)" in figures(
         report, "evaluate"
     )

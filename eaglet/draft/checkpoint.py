@@ -107,7 +107,16 @@ def config_from_json(d: dict) -> Eagle3Config:
 
 
 def _tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+    """Every state_dict entry as its own tensor (a module shared by several layers, DFlash's
+    k_norm, is written once per name: safetensors refuses tensors that share memory)."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in module.state_dict().items():
+        tensor = tensor.detach().cpu().contiguous()
+        shared = tensor.data_ptr() in seen
+        seen.add(tensor.data_ptr())
+        out[name] = tensor.clone() if shared else tensor
+    return out
 
 
 def aux_layer_ids(config: dict, where: Path | str = "config.json") -> list[int]:
@@ -115,6 +124,9 @@ def aux_layer_ids(config: dict, where: Path | str = "config.json") -> list[int]:
     `config` (a draft's config.json) comes from: eaglet's label says which convention its ids
     are in; a config without one (speculators format, a peer's vLLM checkpoint) is read as vLLM
     reads it."""
+    if "dflash_config" in config:  # a DFlash draft: eaglet's ids, else z-lab's (output of k)
+        ids = config.get("eaglet", {}).get("target_layer_ids")
+        return ids or [int(i) + 1 for i in config["dflash_config"]["target_layer_ids"]]
     ids = config.get("eagle_aux_hidden_state_layer_ids") or config.get("eagle_config", {}).get(
         "eagle_aux_hidden_state_layer_ids"
     )

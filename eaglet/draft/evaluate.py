@@ -24,6 +24,7 @@ whole sequence; both give the same tokens (tests/test_evaluate.py). The target r
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from functools import partial
@@ -37,7 +38,7 @@ from eaglet.config import EvaluateConfig, TargetConfig
 from eaglet.cpu_threads import apply_threads
 from eaglet.draft import rejection
 from eaglet.draft.checkpoint import aux_layer_ids as draft_aux_layer_ids
-from eaglet.draft.checkpoint import config_from_json, load_draft
+from eaglet.draft.methods import draft_method, method_of_draft
 from eaglet.draft.model import Eagle3Draft, KVCache, ttt_attention_mask
 from eaglet.draft.rejection import Sampling
 from eaglet.draft.sampled import DRAFT_SAMPLING
@@ -280,7 +281,7 @@ def speculative_generate(
     tokens past the stop; `emitted_tau` (see `evaluate_loaded`) does not."""
     verifier = verifier or Verifier()
     runner = TargetRunner(target, aux_layer_ids, use_cache)
-    drafter = Drafter(draft, embed, use_cache)
+    drafter = draft_method(draft.method_name).drafter(draft, target, use_cache)
     seq, new, accepted, expected = list(prompt), [], [], []
     logits, aux = runner.extend(seq)
     next_token = verifier.first(logits[-1])  # emitted already, in vLLM's count
@@ -464,9 +465,11 @@ def evaluate_draft(
     k, at every other k, the untrained draft) with the pass's name, the prompts done of all
     passes, their total, the seconds so far and an ETA (`EvaluationProgress`)."""
     apply_threads("evaluate")
-    trained, config = load_draft(Path(draft_dir))
+    method = method_of_draft(json.loads((Path(draft_dir) / "config.json").read_text()))
+    trained, config = method.load(Path(draft_dir))
+    num_speculative_tokens = method.evaluation_k(config, num_speculative_tokens)
     longest = max(len(p) for p in prompts) + max_new_tokens + num_speculative_tokens
-    _check_window(draft_dir, trained.config.sliding_window, longest)
+    _check_window(draft_dir, getattr(trained.config, "sliding_window", None), longest)
     model = load_target(target, device)
     aux_ids = resolve_aux_ids(config, aux_layer_ids, Path(draft_dir) / "config.json")
     eos = set(default_eos_ids(model) if eos_token_ids is None else eos_token_ids)
@@ -483,7 +486,9 @@ def evaluate_draft(
     )  # fmt: skip
     k = num_speculative_tokens
     report = evaluate_loaded(trained, k=k, progress=counter.callback(f"draft at k={k}"), **common)
-    report.update(draft="trained", draft_dir=str(draft_dir), device=str(model.device))
+    report.update(
+        draft="trained", draft_dir=str(draft_dir), device=str(model.device), method=method.name
+    )
     if every_k:  # k's own tau is the pass above
         report["tau_by_k"] = {
             str(j): report["tau"] if j == k else evaluate_loaded(
@@ -503,9 +508,7 @@ def evaluate_draft(
             draft_sampling=DRAFT_SAMPLING,
         )  # fmt: skip
     if untrained_seed is not None:
-        torch.manual_seed(untrained_seed)
-        fresh = Eagle3Draft(config_from_json(config))
-        fresh.set_vocab(trained.d2t, trained.t2d)
+        fresh = method.fresh_like(trained, untrained_seed)
         untrained = counter.callback("untrained draft")
         baseline = evaluate_loaded(fresh, k=k, progress=untrained, **common)
         report["untrained"] = dict(baseline, draft=f"untrained (seed {untrained_seed})")

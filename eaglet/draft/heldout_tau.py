@@ -13,9 +13,7 @@ from __future__ import annotations
 import copy
 
 from eaglet.config import TargetConfig
-from eaglet.draft.checkpoint import aux_layer_ids, draft_config_json
 from eaglet.draft.evaluate import default_eos_ids, evaluate_loaded, load_target
-from eaglet.draft.model import Eagle3Draft
 from eaglet.draft.train_data import HiddenStatesData
 from eaglet.target import end_token_ids, load_tokenizer
 
@@ -57,10 +55,9 @@ class HeldoutTau:
         self.k, self.max_new_tokens = k, max_new_tokens
         self.trained_ids, self.convention = trained_ids, convention
 
-    def __call__(self, draft: Eagle3Draft) -> float:
-        ids = aux_layer_ids(draft_config_json(draft.config, self.trained_ids, self.convention))
+    def __call__(self, draft) -> float:
         report = evaluate_loaded(
             copy.deepcopy(draft), self.target, self.prompts, None, self.k, self.max_new_tokens,
-            self.eos, ids, progress=None,
+            self.eos, self.trained_ids, progress=None,
         )  # fmt: skip
         return report["tau"]

@@ -27,7 +27,7 @@ from eaglet.cpu_threads import choose_threads, report_to
 from eaglet.draft.online import OnlineData, Served
 from eaglet.draft.train import train_draft
 from eaglet.hidden_states.feature_encoding import bytes_per_token
-from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids
+from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, layer_ids_of
 from eaglet.hidden_states.shards import read_index
 from eaglet.records.examples import Example
 from eaglet.records.io import read_jsonl
@@ -86,7 +86,7 @@ def pipeline_job(
     else:
         ids = [e.sample_id for e in read_jsonl(examples_path, Example)]
         num_layers = load_config(config.target).num_hidden_layers
-        aux_ids = resolve_aux_layer_ids(config.hidden_states.aux_layer_ids, num_layers)
+        aux_ids = layer_ids_of(config, num_layers)
         convention = AUX_LAYER_CONVENTION
     return train_job(
         out_dir,

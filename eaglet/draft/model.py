@@ -298,6 +298,8 @@ class Eagle3DecoderLayer(nn.Module):
 class Eagle3Draft(nn.Module):
     """fc (fuse 3 target layers) -> midlayer -> norm -> lm_head, plus d2t/t2d buffers."""
 
+    method_name = "eagle3"  # eaglet.draft.methods
+
     def __init__(self, config: Eagle3Config):
         super().__init__()
         self.config = config

@@ -188,7 +188,7 @@ class OnlineData:
         self._thread, self._queue = None, None
 
     def aux_width(self) -> int:
-        return 3 * self.hidden_size
+        return len(self.aux_layer_ids) * self.hidden_size
 
     def token_counts(self, vocab_size: int) -> torch.Tensor:
         counts = torch.zeros(vocab_size, dtype=torch.int64)

@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 
 from eaglet.config import EvaluateConfig, TargetConfig
+from eaglet.draft.methods import method_of_draft
 from eaglet.errors import PermanentError
 from eaglet.target import load_config, target_dtype
 from eaglet.vllm_process import free_port, vllm_server
@@ -209,11 +210,9 @@ def served_acceptance(
 
 
 def speculative_config(draft_dir: Path, num_speculative_tokens: int) -> dict:
-    return {
-        "method": "eagle3",
-        "model": str(Path(draft_dir).resolve()),
-        "num_speculative_tokens": int(num_speculative_tokens),
-    }
+    """vLLM's `--speculative-config` for the draft in `draft_dir`, by its method."""
+    config = json.loads((Path(draft_dir) / "config.json").read_text())
+    return method_of_draft(config).speculative_config(Path(draft_dir), int(num_speculative_tokens))
 
 
 def vllm_command(
@@ -269,7 +268,8 @@ def measure_served(
     """Served tau of the draft in `draft_dir` (the vLLM export) on `prompts`: at
     `settings.serving_endpoint`, or in a server started here with `settings.vllm_python` and
     stopped before this returns (its log at `log_path`)."""
-    k = settings.num_speculative_tokens
+    config = json.loads((Path(draft_dir) / "config.json").read_text())
+    k = method_of_draft(config).evaluation_k(config, settings.num_speculative_tokens)
     measure = dict(
         prompts=prompts, num_speculative_tokens=k, max_new_tokens=settings.max_new_tokens,
         stop_token_ids=stop_token_ids, temperature=settings.temperature, top_p=settings.top_p,

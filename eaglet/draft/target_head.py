@@ -51,6 +51,7 @@ def head_config(cfg) -> dict:
         "rope_theta": _rope_theta(cfg),
         "max_position_embeddings": getattr(cfg, "max_position_embeddings", 32768),
         "vocab_size": cfg.vocab_size,
+        "pad_token_id": getattr(cfg, "pad_token_id", None),
         "num_hidden_layers": cfg.num_hidden_layers,
         "tie_word_embeddings": bool(getattr(cfg, "tie_word_embeddings", False)),
     }

@@ -1,17 +1,19 @@
-"""Train an EAGLE-3 draft model on the target's hidden states: the run and its loop.
+"""Train a draft model on the target's hidden states: the run and its loop.
 
 This module owns the run; the data side (shards -> windows -> this process's micro-batches on
-the device) is eaglet/draft/train_data.py, the training-time-test unroll and loss
-eaglet/draft/ttt_loss.py. Reads top to bottom, nanoGPT-style: the draft's settings and the loss
+the device) is eaglet/draft/train_data.py; what the draft is, its loss and its files are the
+method's (`train.method`, eaglet/draft/methods/: EAGLE-3's training-time-test unroll and loss,
+DFlash's blocks). Reads top to bottom, nanoGPT-style: the draft's settings and the loss
 plot, then `setup` (its steps: count the steps, load the borrowed target head, the vocab, build
 the draft, the optimizer, resume, the schedule), `train_step` (one optimizer step over one global
 batch), `train_loop` (the epochs, with logging and checkpoints) and `summarize`. `train_draft`
 calls the four in order. `TrainConfig` (eaglet/config.py) is the one settings type.
 
 Data parallel: under `torchrun` (see eaglet/draft/launch.py) every process takes its share of
-each global batch (rows rank, rank + world, ...), the loss of each TTT step is normalized by the
-count over the whole global batch, and gradients are summed across processes before the step, so
-N processes follow one process's loss curve. Only rank 0 writes checkpoints and metrics.
+each global batch (rows rank, rank + world, ...), the loss of each predicted position (TTT step
+or block position) is normalized by the count over the whole global batch, and gradients are
+summed across processes before the step, so N processes follow one process's loss curve. Only
+rank 0 writes checkpoints and metrics.
 
 It writes, under `out_dir`: `draft/` (the checkpoint vLLM loads), `state/` (resumable state),
 `metrics.jsonl`, `loss.png`.
@@ -36,15 +38,15 @@ from safetensors import SafetensorError
 
 from eaglet.config import TargetConfig, TrainConfig
 from eaglet.cpu_threads import apply_threads
-from eaglet.draft.checkpoint import load_training_state, save_draft, save_training_state
+from eaglet.draft.checkpoint import load_training_state, save_training_state
 from eaglet.draft.heldout_tau import HeldoutTau
 from eaglet.draft.init_from import load_starting_draft, read_starting_draft
-from eaglet.draft.model import Eagle3Config, Eagle3Draft
+from eaglet.draft.methods import draft_method
+from eaglet.draft.methods.base import DraftMethod
 from eaglet.draft.optimizer import make_optimizer
 from eaglet.draft.schedule import warmup_cosine
 from eaglet.draft.target_head import TargetHead, load_target_head
 from eaglet.draft.train_data import HiddenStatesData, epoch_order, first_sample, load_pieces, plan
-from eaglet.draft.ttt_loss import counted_positions, target_probs, ttt_loss, ttt_start, ttt_unroll
 from eaglet.draft.vocab import DraftVocab, build_draft_vocab, vocab_over
 from eaglet.errors import NonFiniteError, PermanentError
 from eaglet.storage import atomic_folder, final_path
@@ -135,7 +137,9 @@ class Run:
     rank: int
     world: int
     vocab: DraftVocab
-    draft: Eagle3Draft
+    method: DraftMethod
+    positions: int  # predicted positions per anchor: the per-position statistics' length
+    draft: torch.nn.Module
     optimizer: torch.optim.Optimizer
     schedule: torch.optim.lr_scheduler.LambdaLR
     embed: torch.Tensor  # [V, H], the target's
@@ -205,13 +209,15 @@ def count_steps(data: Any, config: TrainConfig) -> tuple[int, int, int, str]:
     return steps_per_epoch, total_steps, stop_at, fingerprint
 
 
-def load_checked_head(target: TargetConfig, data: Any) -> TargetHead:
+def load_checked_head(target: TargetConfig, data: Any, layers: int) -> TargetHead:
     """The target's embed_tokens and lm_head (borrowed, frozen), checked against the features:
-    three target layers of hidden_size each."""
+    `layers` target layers of hidden_size each."""
     head = load_target_head(target)
     H = head.config["hidden_size"]
-    if data.aux_width() != 3 * H:
-        raise ValueError(f"aux_hidden_states are {data.aux_width()} wide, expected 3 * {H}")
+    if data.aux_width() != layers * H:
+        raise ValueError(
+            f"aux_hidden_states are {data.aux_width()} wide, expected {layers} layers * {H}"
+        )
     return head
 
 
@@ -224,6 +230,7 @@ def start_vocab(
     rank: int,
     world: int,
     brought: DraftVocab | None = None,
+    full: bool = False,
 ) -> DraftVocab:
     """The draft vocab, computed once: a resumed run reuses the saved one; a fresh run counts
     the data's tokens, once rank 0 has cleared an old state, best draft and metrics, and picks
@@ -237,55 +244,33 @@ def start_vocab(
         shutil.rmtree(out_dir / "best", ignore_errors=True)
         (out_dir / "metrics.jsonl").unlink(missing_ok=True)
     counts = data.token_counts(head.config["vocab_size"])
+    if full:  # a method that drafts over the target's whole vocabulary
+        return vocab_over(torch.arange(head.config["vocab_size"]), counts)
     if brought is not None:
         return vocab_over(brought.ids, counts)
     return build_draft_vocab(counts, config.draft_vocab_size)
 
 
-def draft_config(target: TargetHead, config: TrainConfig, draft_vocab_size: int) -> Eagle3Config:
-    c = target.config
-    return Eagle3Config(
-        hidden_size=c["hidden_size"],
-        intermediate_size=config.intermediate_size or c["intermediate_size"],
-        num_attention_heads=c["num_attention_heads"],
-        num_key_value_heads=c["num_key_value_heads"],
-        head_dim=c["head_dim"],
-        vocab_size=c["vocab_size"],
-        draft_vocab_size=draft_vocab_size,
-        target_hidden_size=c["hidden_size"],
-        rms_norm_eps=c["rms_norm_eps"],
-        rope_theta=c["rope_theta"],
-        max_position_embeddings=c["max_position_embeddings"],
-        norm_before_fc=config.norm_before_fc,
-        norm_before_residual=config.norm_before_residual,
-        norm_output=config.norm_output,
-    )
-
-
 def build_draft(
+    method: DraftMethod,
     head: TargetHead,
     config: TrainConfig,
     vocab: DraftVocab,
+    aux_layer_ids: list[int],
     device: torch.device,
-    start: Eagle3Draft | None = None,
-) -> Eagle3Draft:
-    """A fresh draft on `device` (or the starting draft of train.init_from, as it came); with
-    train.lm_head_init=target its lm_head starts as the target's rows of the draft vocab."""
-    torch.manual_seed(config.seed)  # the same initial weights in every process
+    start: torch.nn.Module | None = None,
+) -> torch.nn.Module:
+    """A fresh draft of `method` on `device` (or the starting draft of train.init_from, as it
+    came), the same initial weights in every process."""
+    torch.manual_seed(config.seed)
     if start is not None:
         return start.to(device)
-    draft = Eagle3Draft(draft_config(head, config, vocab.size))
-    draft.set_vocab(vocab.d2t, vocab.t2d)
-    if config.lm_head_init == "target":
-        with torch.no_grad():  # [Vd, H]: the target's rows of the draft vocab
-            draft.lm_head.weight.copy_(head.lm_head[vocab.ids])
-    draft.to(device)
-    return draft
+    return method.build(head, config, vocab, aux_layer_ids).to(device)
 
 
 def starting_draft(
     config: TrainConfig, head: TargetHead, aux_layer_ids: list[int]
-) -> tuple[Eagle3Draft | None, DraftVocab | None]:
+) -> tuple[torch.nn.Module | None, DraftVocab | None]:
     """train.init_from's draft and vocab, checked against the target and the run's layer ids
     (`eaglet.draft.init_from`); (None, None) for a fresh draft."""
     if not config.init_from:
@@ -307,7 +292,7 @@ class DamagedCheckpointError(PermanentError, RuntimeError):
 
 def resume_from(
     out_dir: Path,
-    draft: Eagle3Draft,
+    draft: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     fingerprint: str,
     rank: int,
@@ -369,19 +354,21 @@ def setup(
     held-out windows train.keep_best measures at each epoch's end."""
     started = time.time()
     apply_threads("train", config.threads)  # in this thread: a Prefect task's, a worker's
-    if len(aux_layer_ids) != 3:
-        raise ValueError(f"EAGLE-3 fuses three target layers, got {aux_layer_ids}")
+    method = draft_method(config.method)
     rank, world = distributed()
     device = training_device(config)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     steps_per_epoch, total_steps, stop_at, fingerprint = count_steps(data, config)
-    head = load_checked_head(target, data)
+    head = load_checked_head(target, data, len(aux_layer_ids))
+    method.layer_ids(aux_layer_ids, head.config["num_hidden_layers"], config)  # checks them
     resuming = resume and (out_dir / "state" / "state.json").exists()
     start, brought = starting_draft(config, head, aux_layer_ids) if not resuming else (None, None)
-    vocab = start_vocab(data, head, config, out_dir, resuming, rank, world, brought)
-    draft = build_draft(head, config, vocab, device, start)
+    vocab = start_vocab(
+        data, head, config, out_dir, resuming, rank, world, brought, method.full_vocab
+    )
+    draft = build_draft(method, head, config, vocab, aux_layer_ids, device, start)
     optimizer = make_optimizer(draft, config.optimizer, config.lr)
     step, heldout_losses = 0, []
     if resuming:
@@ -403,6 +390,8 @@ def setup(
         rank=rank,
         world=world,
         vocab=vocab,
+        method=method,
+        positions=method.positions(config),
         draft=draft,
         optimizer=optimizer,
         schedule=schedule,
@@ -425,47 +414,19 @@ def setup(
 # -------------------------------------------------------------------------------------- step
 
 
-def piece_loss(
-    run: Run, b: dict[str, torch.Tensor], denominators: list[int] | None
-) -> tuple[torch.Tensor, dict[str, list[float]]]:
-    """`ttt_loss` of one micro-batch `b` (from `load_pieces`): the draft's unroll over it."""
-    c = run.config
-    probs = target_probs(b["final_hidden_states"], run.draft_lm_head)
-    with torch.autocast(
-        run.device.type, dtype=run.autocast or torch.bfloat16, enabled=run.autocast is not None
-    ):
-        aux = b["aux_hidden_states"]  # [B, T, 3H]
-        if c.hidden_noise and run.draft.training:  # train.hidden_noise; never when measuring
-            aux = aux + c.hidden_noise * torch.randn_like(aux)
-        hidden = run.draft.fuse(aux)  # [B, T, H]
-        start = ttt_start(b["loss_mask"], c.ttt_length)
-        step_logits = ttt_unroll(run.draft, run.embed, b["input_ids"], hidden, c.ttt_length, start)
-    return ttt_loss(
-        step_logits,
-        probs,
-        b["in_vocab"],
-        b["loss_mask"],
-        b["lengths"],
-        c.ttt_step_weight,
-        denominators,
-        c.loss,
-        start,
-    )
-
-
 @torch.no_grad()
 def heldout_loss(run: Run) -> float:
     """The training loss over the held-out windows (train.keep_best): per TTT step the summed
     loss over all of them divided by their counted positions, weighted step_weight**i. Each
     process takes rows rank, rank + world, ... of every batch; the sums add across processes."""
     c, data = run.config, run.heldout
-    sums = torch.zeros(2, c.ttt_length, dtype=torch.float64, device=run.device)  # loss, count
+    sums = torch.zeros(2, run.positions, dtype=torch.float64, device=run.device)  # loss, count
     run.draft.eval()
     try:
         for first in range(0, len(data), c.batch_size):
             indices = list(range(first, min(first + c.batch_size, len(data))))
             for b in load_pieces(run, indices, data):
-                _, stats = piece_loss(run, b, None)
+                _, stats = run.method.piece_loss(run, b, None)
                 sums[0] += torch.tensor(stats["loss_sum"], dtype=torch.float64, device=run.device)
                 sums[1] += torch.tensor(stats["count"], dtype=torch.float64, device=run.device)
     finally:
@@ -484,12 +445,12 @@ def train_step(run: Run, indices: list[int]) -> dict:
     the loss sums, hits and counted positions, and the tokens it read."""
     c = run.config
     pieces = load_pieces(run, indices)
-    counts = torch.zeros(c.ttt_length, dtype=torch.int64, device=run.device)
+    counts = torch.zeros(run.positions, dtype=torch.int64, device=run.device)
     for b in pieces:
-        for i in range(c.ttt_length):
-            counts[i] += counted_positions(i, b["in_vocab"], b["loss_mask"], b["lengths"]).sum()
+        for i in range(run.positions):
+            counts[i] += run.method.counted(i, b).sum()
     sums = torch.zeros(
-        3, c.ttt_length, dtype=torch.float64, device=run.device
+        3, run.positions, dtype=torch.float64, device=run.device
     )  # loss, hits, tokens
     if run.world > 1:
         dist.all_reduce(counts)
@@ -497,7 +458,7 @@ def train_step(run: Run, indices: list[int]) -> dict:
 
     run.optimizer.zero_grad(set_to_none=True)
     for b in pieces:
-        loss, stats = piece_loss(run, b, denominators)
+        loss, stats = run.method.piece_loss(run, b, denominators)
         if not bool(torch.isfinite(loss)):  # checked before any step: the weights stay good
             raise NonFiniteError(
                 f"train step {run.step + 1}: the loss is not finite (NaN or inf) on the batch "
@@ -521,7 +482,7 @@ def train_step(run: Run, indices: list[int]) -> dict:
     run.optimizer.step()
     run.schedule.step()
 
-    weights = [c.ttt_step_weight**i for i in range(c.ttt_length)]
+    weights = [c.ttt_step_weight**i for i in range(run.positions)]
     loss_sums, hits = sums[0].tolist(), sums[1].tolist()
     return {
         "loss": sum(
@@ -540,19 +501,19 @@ def train_step(run: Run, indices: list[int]) -> dict:
 class Meter:
     """Averages of loss, per-step accuracy and throughput since the last log line."""
 
-    def __init__(self, ttt_length: int):
-        self.ttt_length = ttt_length
+    def __init__(self, positions: int):
+        self.positions = positions  # per TTT step (EAGLE-3) or block position (DFlash)
         self._reset()
 
     def _reset(self) -> None:
         self.loss, self.batches, self.tokens, self.t0 = 0.0, 0, 0, time.time()
-        self.hits, self.counts = [0.0] * self.ttt_length, [0] * self.ttt_length
+        self.hits, self.counts = [0.0] * self.positions, [0] * self.positions
 
     def add(self, result: dict) -> None:
         self.loss += result["loss"]
         self.batches += 1
         self.tokens += result["tokens"]
-        for i in range(self.ttt_length):
+        for i in range(self.positions):
             self.hits[i] += result["hits"][i]
             self.counts[i] += result["count"][i]
 
@@ -603,7 +564,7 @@ def save(run: Run) -> None:
         "heldout_losses": run.heldout_losses,
     }
     save_training_state(run.state_dir, run.draft, run.optimizer, run.vocab, meta)
-    save_draft(run.draft, run.draft_dir, run.aux_layer_ids, run.aux_layer_convention)
+    run.method.save(run.draft, run.draft_dir, run.aux_layer_ids, run.aux_layer_convention)
 
 
 def train_loop(run: Run, progress: Callable[[dict], None] | None = None) -> None:
@@ -612,7 +573,7 @@ def train_loop(run: Run, progress: Callable[[dict], None] | None = None) -> None
     from eaglet import shutdown
 
     c = run.config
-    meter = Meter(c.ttt_length)
+    meter = Meter(run.positions)
     order, order_epoch = [], -1
     loop_started, first_step = time.time(), run.step
     run.draft.train()
@@ -660,7 +621,7 @@ def keep_if_best(run: Run) -> None:
         best = " (best)" if improved else ""
         log.info("held-out loss %.4f%s at step %d%s", record["loss"], tau, run.step, best)
         if improved:
-            save_draft(run.draft, run.best_dir, run.aux_layer_ids, run.aux_layer_convention)
+            run.method.save(run.draft, run.best_dir, run.aux_layer_ids, run.aux_layer_convention)
 
 
 def finish(run: Run) -> None:
@@ -745,7 +706,7 @@ def train_draft(
     run = setup(data, target, out_dir, config, aux_layer_ids, aux_layer_convention, resume, heldout)
     if config.keep_best == "tau" and run.rank == 0:
         run.heldout_tau = HeldoutTau(
-            target, heldout, config.keep_best_prompts, config.ttt_length,
+            target, heldout, config.keep_best_prompts, run.positions,
             config.keep_best_max_new_tokens, aux_layer_ids, aux_layer_convention,
         )  # fmt: skip
     if hasattr(data, "start_prefetch"):  # a served online source streams features ahead

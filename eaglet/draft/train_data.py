@@ -158,6 +158,7 @@ class TrainingRun(Protocol):
     device: torch.device
     lm_head: torch.Tensor  # [V, H], the target's
     t2d: torch.Tensor  # bool [V]
+    method: Any  # eaglet.draft.methods.base.DraftMethod: `prepare`s each micro-batch
 
 
 MAX_PADDING = 0.5  # a micro-batch's padded size is at most 1.5x its rows' tokens
@@ -231,6 +232,7 @@ def load_pieces(
         batch = {k: v.to(run.device) for k, v in collate(items).items()}
         batch["in_vocab"] = target_in_vocab(batch["final_hidden_states"], run.lm_head, run.t2d)
         batch["windows"] = torch.tensor(chunk)  # which windows of `data`: named on a NaN loss
+        run.method.prepare(run, batch)  # what the method's loss and counts need (its anchors)
         pieces.append(batch)
     return pieces
 

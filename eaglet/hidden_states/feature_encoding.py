@@ -28,11 +28,11 @@ def value_bytes(storage: str) -> int:
     return {"float32": 4, "bfloat16": 2, "int8": 1, "fp8": 1}[storage]
 
 
-def bytes_per_token(hidden_size: int, storage: str) -> int:
-    """Bytes one token costs in a shard: aux [3H] + final [H] values, their scales (compact
-    forms: 4 float32 per token), input id (int64) and loss mask (uint8)."""
-    scales = 4 * 4 if storage in _QMAX else 0
-    return 4 * hidden_size * value_bytes(storage) + scales + 8 + 1
+def bytes_per_token(hidden_size: int, storage: str, layers: int = 3) -> int:
+    """Bytes one token costs in a shard: aux [layers * H] + final [H] values, their scales
+    (compact forms: layers + 1 float32 per token), input id (int64) and loss mask (uint8)."""
+    scales = 4 * (layers + 1) if storage in _QMAX else 0
+    return (layers + 1) * hidden_size * value_bytes(storage) + scales + 8 + 1
 
 
 def check_storage(storage: str) -> None:

@@ -61,7 +61,12 @@ class HFBackend:
         self.model = _cached_model(target, device_map)
         self.num_layers = self.model.config.get_text_config().num_hidden_layers
         self.hidden_size = self.model.config.get_text_config().hidden_size
-        self.aux_layer_ids = resolve_aux_layer_ids(aux_layer_ids, self.num_layers)
+        # given: resolved by the run's draft method (`layers.layer_ids_of`); None: EAGLE-3's
+        self.aux_layer_ids = (
+            resolve_aux_layer_ids(None, self.num_layers)
+            if aux_layer_ids is None
+            else list(aux_layer_ids)
+        )
         self.batch_size = batch_size
         self.batch_tokens = batch_tokens
 

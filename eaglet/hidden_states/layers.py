@@ -9,6 +9,11 @@ convention: vLLM's `extract_hidden_states` at these ids equals HF `hidden_states
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from eaglet.config import PipelineConfig
+
 AUX_LAYER_CONVENTION = "hf_hidden_states_index"  # id i = HF hidden_states[i] = input of layer i
 
 
@@ -31,3 +36,13 @@ def resolve_aux_layer_ids(requested: list[int] | None, num_layers: int) -> list[
     if any(i < 0 or i >= num_layers for i in ids):
         raise ValueError(f"aux_layer_ids {ids} must lie in 0..{num_layers - 1}")
     return ids
+
+
+def layer_ids_of(config: PipelineConfig, num_layers: int) -> list[int]:
+    """The target layers this run extracts and trains on: `hidden_states.aux_layer_ids` as the
+    draft method (`train.method`) reads them, or that method's default (EAGLE-3's three for
+    both built-in methods, so switching methods reuses the extracted states)."""
+    from eaglet.draft.methods import draft_method
+
+    method = draft_method(config.train.method)
+    return method.layer_ids(config.hidden_states.aux_layer_ids, num_layers, config.train)

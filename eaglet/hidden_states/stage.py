@@ -34,7 +34,7 @@ from eaglet.errors import NonFiniteError
 from eaglet.hidden_states.budget import check_disk_budget
 from eaglet.hidden_states.feature_encoding import bytes_per_token, check_storage, encode
 from eaglet.hidden_states.hf import HFBackend
-from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids
+from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, layer_ids_of
 from eaglet.hidden_states.shards import INDEX, join_samples, write_safetensors_hashed
 from eaglet.progress import Throttle
 from eaglet.records.examples import Example
@@ -152,7 +152,8 @@ def encode_sample(
     return {
         "input_ids": torch.tensor(example.input_ids, dtype=torch.int64),  # [n]
         "loss_mask": torch.tensor(example.loss_mask, dtype=torch.uint8),  # [n]
-        **encode("aux_hidden_states", aux, storage, groups=3),  # [n, 3H] (+ scales [n, 3])
+        # [n, kH] (+ scales [n, k]): k target layers, each with its own scale
+        **encode("aux_hidden_states", aux, storage, groups=aux.shape[-1] // final.shape[-1]),
         **encode("final_hidden_states", final, storage, groups=1),  # [n, H] (+ scales [n, 1])
     }
 
@@ -273,7 +274,7 @@ def stage_info(
         "hidden_size": hidden_size,
         "storage": storage,
         "backend": backend,
-        "bytes_per_token": bytes_per_token(hidden_size, storage),
+        "bytes_per_token": bytes_per_token(hidden_size, storage, len(aux_layer_ids)),
         "shards": [s.name for s in specs],
         "tokens": sum(s.tokens for s in specs),
         "samples": sum(s.samples for s in specs),
@@ -310,7 +311,7 @@ def make_backend(config: PipelineConfig):
         return VllmBackend(config.target, settings)
     return HFBackend(
         config.target,
-        settings.aux_layer_ids,
+        target_shape(config)[2],
         batch_size=settings.batch_size,
         batch_tokens=settings.batch_tokens,
         device_map=settings.device_map,
@@ -345,8 +346,7 @@ def backend_factory(
 def target_shape(config: PipelineConfig) -> tuple[int, int, list[int]]:
     """(num_layers, hidden_size, aux_layer_ids) from the target's config alone."""
     cfg = load_config(config.target)
-    ids = resolve_aux_layer_ids(config.hidden_states.aux_layer_ids, cfg.num_hidden_layers)
-    return cfg.num_hidden_layers, cfg.hidden_size, ids
+    return cfg.num_hidden_layers, cfg.hidden_size, layer_ids_of(config, cfg.num_hidden_layers)
 
 
 def prepare_stage(config: PipelineConfig, folder: Path, examples_path: Path) -> list[ShardSpec]:

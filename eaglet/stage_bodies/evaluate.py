@@ -64,11 +64,12 @@ def run(
         config.evaluate, config.target, draft_dir, heldout, eos, None, folder, progress,
         reasoning_format,
     )  # fmt: skip
-    publish(ctx, report, len(heldout), config.evaluate.num_speculative_tokens, folder)
+    publish(ctx, report, len(heldout), report["draft"]["num_speculative_tokens"], folder)
     trained, served, sampled = report["draft"], report.get("served"), report.get("sampled")
     return StageOutput(
         counts={"records": len(heldout)},
         info={
+            "method": trained.get("method", "eagle3"),
             "tau": trained["tau"],
             "emitted_tau": trained["emitted_tau"],
             "untrained_tau": report["untrained"]["tau"],
@@ -90,7 +91,8 @@ def publish(
     trained, baseline = report["draft"], report["untrained"]
     served = report.get("served")
     line = (
-        f"acceptance length tau {trained['tau']:.3f} (untrained draft {baseline['tau']:.3f}; "
+        f"{trained.get('method', 'eagle3')} draft: acceptance length tau {trained['tau']:.3f} "
+        f"(untrained draft {baseline['tau']:.3f}; "
         f"{trained['emitted_tau']:.3f} output tokens per round) on {prompts} held-out "
         f"prompts, k = {speculative_tokens}"
     )

@@ -13,8 +13,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from eaglet.config import PipelineConfig
-from eaglet.draft.export import write_exports
 from eaglet.draft.launch import feature_disk, pipeline_job, run_training
+from eaglet.draft.methods import draft_method
 from eaglet.hidden_states.vllm_backend import started_server
 from eaglet.progress import Throttle
 from eaglet.stage_context import StageContext
@@ -58,10 +58,13 @@ def run(
             examples_path=examples_path,
         )
         summary = run_training(job, config.train.nproc_per_node, progress, ctx.info)
-    summary["exports"] = write_exports(
-        folder / DRAFT_FOLDER, config.target, config.train.ttt_length
+    method = draft_method(config.train.method)
+    # engine -> folder (beside `draft/`) of every export, so tools outside find each
+    summary["exports"] = method.exports(
+        folder / DRAFT_FOLDER, config.target, method.positions(config.train)
     )
     info = {
+        "method": method.name,
         **summary,
         **feature_disk(config, features_dir, examples_path),
         "aux_layer_ids": job["aux_layer_ids"],
