@@ -552,7 +552,8 @@ class TrainConfig(_Strict):
     method: MethodName = Field(
         "eagle3",
         description="The draft method: eagle3 (a chain of k one-token steps, training-time "
-        "test) or dflash (a block of k tokens drafted in one pass; settings in train.dflash).",
+        "test), peagle (EAGLE-3 trained for vLLM's parallel_drafting: k tokens in one pass, "
+        "k <= train.ttt_length) or dflash (a block of k tokens in one pass; train.dflash).",
     )
     dflash: DFlashSettings = Field(
         default_factory=DFlashSettings, description="DFlash: used with train.method=dflash."

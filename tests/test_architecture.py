@@ -171,4 +171,4 @@ def test_adding_a_draft_method_is_its_module_and_one_registry_line(tmp_path):
         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.startswith("ok ['dflash', 'eagle3', 'toy']")
+    assert result.stdout.startswith("ok ['dflash', 'eagle3', 'peagle', 'toy']")

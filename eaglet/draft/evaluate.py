@@ -157,8 +157,9 @@ class Drafter:
         self.done = 0  # positions whose step-0 keys are in self.step0
 
     @torch.no_grad()
-    def propose(self, ids: list[int], aux: torch.Tensor, next_token: int, k: int) -> list[int]:
-        """k drafted target token ids following x_L; `ids` = x_0..x_{L-1}, `aux` [L, 3H]."""
+    def first_step(self, ids: list[int], aux: torch.Tensor, next_token: int):
+        """Step 0 over the positions not seen yet: the last index's output [1, 1, H] (it drafts
+        the first token) and every step-0 key and value so far ([1, kv, L, D] each)."""
         draft, device, L = self.draft, aux.device, len(ids)
         start = self.done if self.use_cache else 0
         past: KVCache = [self.step0] if start and self.step0 is not None else []
@@ -173,8 +174,14 @@ class Drafter:
         step0 = (torch.cat([kv[0] for kv in cache], 2), torch.cat([kv[1] for kv in cache], 2))
         if self.use_cache:
             self.step0, self.done = step0, L
+        return hidden[:, -1:], step0
+
+    @torch.no_grad()
+    def propose(self, ids: list[int], aux: torch.Tensor, next_token: int, k: int) -> list[int]:
+        """k drafted target token ids following x_L; `ids` = x_0..x_{L-1}, `aux` [L, 3H]."""
+        draft, device, L = self.draft, aux.device, len(ids)
+        hidden, step0 = self.first_step(ids, aux, next_token)  # only the last index drafts
         cache = [step0]
-        hidden = hidden[:, -1:]  # [1, 1, H]; from here on only the last index drafts
         tokens: list[int] = []
         for i in range(1, k + 1):
             draft_id = draft.compute_logits(hidden)[0, -1].argmax()

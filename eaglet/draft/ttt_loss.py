@@ -61,6 +61,7 @@ def ttt_unroll(
     hidden: torch.Tensor,  # [B, T, H], draft.fuse(aux)
     ttt_length: int,
     start: int = 0,
+    mask_inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
     """Training-time test: `ttt_length` draft steps over all T positions at once.
 
@@ -69,7 +70,11 @@ def ttt_unroll(
     which skips the masked scores). Steps after the first run over indices start..T-1 only
     (`ttt_start`: below it none of them can count; step 0 runs everywhere, its keys are every
     later step's context). Returns the logits of every step: step 0 [B, T, Vd], later steps
-    [B, T - start, Vd]."""
+    [B, T - start, Vd].
+
+    With `mask_inputs` (embedding [H], hidden [H]), parallel drafting (P-EAGLE): every step
+    after the first reads those instead of a token and the previous step's output, as vLLM's
+    `parallel_drafting` feeds its mask slots; the attention pattern is the same."""
     B, T, _ = hidden.shape
     positions = torch.arange(T, device=hidden.device).expand(B, T)  # [B, T]
     cache, step_logits = [], []
@@ -78,7 +83,11 @@ def ttt_unroll(
             hidden, positions = hidden[:, start:], positions[:, start:]
         first = T - hidden.shape[1]  # 0 at step 0, start after
         ids = shift_left(input_ids, 1 + i, T)[:, first:]  # the token after the one step i predicts
-        hidden, cache = draft(F.embedding(ids, embed), hidden, positions + i, cache, TTT)
+        embeds = F.embedding(ids, embed)
+        if mask_inputs is not None and i >= 1:  # a mask slot: its token and hidden are fixed
+            embeds = mask_inputs[0].expand_as(embeds)
+            hidden = mask_inputs[1].expand_as(hidden)
+        hidden, cache = draft(embeds, hidden, positions + i, cache, TTT)
         step_logits.append(draft.compute_logits(hidden))  # [B, T - first, Vd]
     return step_logits
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 METHODS: dict[str, str] = {
     "eagle3": "eaglet.draft.methods.eagle3",
     "dflash": "eaglet.draft.methods.dflash",
+    "peagle": "eaglet.draft.methods.peagle",
 }
 MethodName = Literal[tuple(METHODS)]  # type: ignore[valid-type]  # the config's choices
 
@@ -31,8 +32,10 @@ def draft_method(name: str) -> DraftMethod:
 
 def method_of_draft(config_json: dict) -> DraftMethod:
     """The method of a saved draft, from its config.json: eaglet's own label, else what the
-    format says (a `dflash_config` is DFlash's; everything else EAGLE-3's formats)."""
+    format says (a `dflash_config` is DFlash's, a `pard_token` P-EAGLE's; everything else
+    EAGLE-3's formats)."""
     name = config_json.get("eaglet", {}).get("method")
     if name is None:
-        name = "dflash" if "dflash_config" in config_json else "eagle3"
+        formats = {"dflash_config": "dflash", "pard_token": "peagle"}
+        name = next((m for key, m in formats.items() if key in config_json), "eagle3")
     return draft_method(name)
