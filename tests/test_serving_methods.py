@@ -30,7 +30,9 @@ METHODS = {
         "train.dflash.block_size=4",
         "train.dflash.num_layers=2",
         "evaluate.num_speculative_tokens=3",
-    ],  # fmt: skip
+    ],
+    # EAGLE-3 trained for parallel drafting: served with parallel_drafting: true
+    "peagle": ["train.method=peagle", "evaluate.num_speculative_tokens=3"],
 }
 
 
