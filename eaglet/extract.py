@@ -403,6 +403,16 @@ def check_quality_gate(report: dict[str, Any], reasons: bool, reasoning: Reasoni
     out (the seeds' signature), and prompts the configured template does not render."""
     problems = []
     examples = report["example_ids_by_flag"]
+    if report["records"] == 0:
+        looped = sum(f.get("looped", 0) for f in report["per_source"].values())
+        why = (
+            f"the loop guard stopped all {looped} answers and reasoning.looped_rows drops them "
+            f"(e.g. samples {examples.get('looped', [])}): the target repeats itself; check its "
+            "sampling (temperature, repetition) or set reasoning.looped_rows: keep"
+            if looped
+            else "the generate stage wrote no record to extract from"
+        )
+        raise QualityGateError(f"quality gate failed: no training examples: {why}")
     for source, figures in report["per_source"].items():
         records = max(1, figures["records"])
         capture = figures["reasoning_capture_rate"]

@@ -747,6 +747,25 @@ def _vllm_endpoint_problem(setting: str, url: str) -> str | None:
     return None
 
 
+def _spec_decode_metrics_problem(setting: str, url: str) -> str | None:
+    """Why `url` cannot give served τ: no Prometheus `/metrics` with vLLM's counters (an
+    OpenAI-compatible server that is not vLLM answers /v1/models too)."""
+    import httpx
+
+    try:
+        response = httpx.get(f"{url}/metrics", timeout=ENDPOINT_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        return f"{setting}: GET {url}/metrics failed ({_first_line(exc)}): served τ needs it"
+    if response.status_code != 200 or "vllm:" not in response.text:
+        return (
+            f"{setting}: {url} answers /v1/models but its /metrics (HTTP "
+            f"{response.status_code}) has no vLLM counters: served τ is read from vLLM's "
+            "spec-decode counters; point it at a vLLM server started with the draft, or set "
+            "evaluate.serving: none"
+        )
+    return None
+
+
 def _tcp_problem(setting: str, address: str) -> str | None:
     import socket
 
@@ -786,6 +805,8 @@ def check_endpoints(config: PipelineConfig, report: PreflightReport) -> None:
         wanted.append(("evaluate.serving_endpoint", config.evaluate.serving_endpoint))
     for setting, url in wanted:
         problem = _vllm_endpoint_problem(setting, url)
+        if problem is None and setting == "evaluate.serving_endpoint":
+            problem = _spec_decode_metrics_problem(setting, url)
         if problem:
             report.problems.append(problem)
         else:

@@ -44,6 +44,10 @@ class WorkDirLocked(PermanentError, RuntimeError):
     """Another run holds the work dir; the message names it."""
 
 
+class WorkDirUnwritable(PermanentError, RuntimeError):
+    """The work dir cannot be written (a read-only mount, no permission); nothing ran."""
+
+
 @dataclass
 class _Held:
     fd: int
@@ -97,8 +101,18 @@ def acquire(work_dir: str | Path, flow_run: str | None = None) -> dict[str, Any]
                 held.holder["flow_run"] = flow_run
                 _write_holder(held.fd, held.holder)
             return None
-        folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path(folder), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock_path(folder), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            raise WorkDirUnwritable(
+                f"work dir {folder} cannot be written ({exc.strerror}: {lock_path(folder)}): a "
+                "run writes its lock and every stage there; nothing ran. To read a finished work "
+                f"dir use `eaglet inspect {folder}`; to run, copy it somewhere writable (a work "
+                "dir is relocatable) or set work_dir"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

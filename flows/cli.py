@@ -457,6 +457,9 @@ def _run_command(args: argparse.Namespace) -> int:
     except work_dir_lock.WorkDirLocked as exc:  # nothing ran; the holder's run is untouched
         print(f"error: {exc}", file=sys.stderr)
         return WORK_DIR_LOCKED_EXIT
+    except work_dir_lock.WorkDirUnwritable as exc:  # nothing ran
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:  # a failed stage: its message says what and where
         if args.command not in ("demo", "run"):
             raise
