@@ -256,6 +256,10 @@ def keyed_value(config: PipelineConfig, path: str) -> Any:
             for d in config.datasets
         ]
     if path == LAYER_IDS:  # the layers the method reads (its default resolved), not its code
+        target_config = Path(config.target.model) / "config.json"
+        if not target_config.is_file():  # a hub id, or not there yet: what resolves them
+            return {"aux_layer_ids": config.hidden_states.aux_layer_ids,
+                    "method": config.train.method}  # fmt: skip
         from eaglet.hidden_states.layers import layer_ids_of
         from eaglet.target import load_config
 

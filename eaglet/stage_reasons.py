@@ -21,7 +21,7 @@ from typing import Any
 
 from eaglet.cache import code_hash, code_modules, stage_config, stage_key
 from eaglet.config import PipelineConfig
-from eaglet.reuse import reuse_estimate
+from eaglet.reuse import earlier_runs_alike, reusable_generations
 from eaglet.stages import STAGE, STAGE_LIST, STAGES
 from eaglet.storage import (
     PARTIAL_SUFFIX,
@@ -203,3 +203,30 @@ def plan_run(
         if previous is not None:  # assume it writes what it wrote before (early cutoff)
             outputs[spec.output] = previous
     return plans
+
+
+def reuse_estimate(
+    stage: str, config: PipelineConfig, upstream_folder: Path, folder: Path
+) -> tuple[int, int] | None:
+    """(samples reused, samples computed) if `stage` ran now into `folder`, reading the
+    complete upstream folder `upstream_folder`; None for a stage that reuses nothing."""
+    from eaglet.hidden_states.reuse import FeatureReuse
+    from eaglet.records.examples import Example
+    from eaglet.records.io import read_jsonl
+    from eaglet.records.prompts import Prompt
+    from eaglet.stages import EXAMPLES_FILE, PROMPTS_FILE
+
+    if stage == "generate" and config.tokenize.regenerate != "all":
+        prompts = list(read_jsonl(upstream_folder / PROMPTS_FILE, Prompt))
+        taken, _ = reusable_generations(config, prompts, folder)
+        return len(taken), len(prompts) - len(taken)
+    if stage == "hidden_states":
+        rows = list(read_jsonl(upstream_folder / EXAMPLES_FILE, Example))
+        earlier = earlier_runs_alike(stage, config, folder)
+        if not earlier:
+            return 0, len(rows)
+        reuse = FeatureReuse(earlier)
+        found = sum(reuse.has(e.sample_id, e.input_ids) for e in rows)
+        reuse.close()
+        return found, len(rows) - found
+    return None

@@ -20,9 +20,10 @@ from prefect import get_run_logger, task, unmapped
 
 from eaglet.config import ExecutionConfig, PipelineConfig
 from eaglet.errors import PermanentError
+from eaglet.hidden_states.reuse import FeatureReuse
 from eaglet.hidden_states.stage import ShardSpec, backend_factory, build_shard, prepare_stage
 from eaglet.hidden_states.vllm_backend import started_server
-from eaglet.reuse import FeatureReuse, earlier_runs_alike
+from eaglet.reuse import earlier_runs_alike
 from eaglet.stages import EXAMPLES_FILE
 from eaglet.storage import read_manifest, stage_dir
 from eaglet_prefect.tasks.caching import partial_folder, run_stage_task, stage_task

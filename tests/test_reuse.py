@@ -17,8 +17,8 @@ from eaglet.cache import stage_key
 from eaglet.config import load_config
 from eaglet.hidden_states.hf import HFBackend
 from eaglet.records.examples import Example
-from eaglet.reuse import reuse_estimate
 from eaglet.stage_context import PlainContext
+from eaglet.stage_reasons import reuse_estimate
 from eaglet.stage_runner import run_stage_body
 from eaglet.stages import EXAMPLES_FILE
 from eaglet.storage import StageOutput, run_stage

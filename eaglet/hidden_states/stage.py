@@ -35,10 +35,11 @@ from eaglet.hidden_states.budget import check_disk_budget
 from eaglet.hidden_states.feature_encoding import bytes_per_token, check_storage, encode
 from eaglet.hidden_states.hf import HFBackend
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, layer_ids_of
+from eaglet.hidden_states.reuse import FeatureReuse
 from eaglet.hidden_states.shards import INDEX, join_samples, write_safetensors_hashed
 from eaglet.progress import Throttle
 from eaglet.records.examples import Example
-from eaglet.reuse import FeatureReuse, earlier_runs_alike
+from eaglet.reuse import earlier_runs_alike
 from eaglet.storage import StageOutput, sha256_file, write_json_atomic
 from eaglet.target import load_config
 
