@@ -264,6 +264,13 @@ def keyed_value(config: PipelineConfig, path: str) -> Any:
         from eaglet.target import load_config
 
         return layer_ids_of(config, load_config(config.target).num_hidden_layers)
+    if path == "evaluate":  # its sets by content, as datasets are
+        value = keyed_fields(config.evaluate)
+        value["sets"] = [
+            {**s.model_dump(exclude={"path"}), "content": file_fingerprint(s.path)}
+            for s in config.evaluate.sets
+        ]
+        return value
     if path == "target.dtype":  # what `auto` picks on this machine
         from eaglet.target import target_dtype
 

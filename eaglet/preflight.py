@@ -157,6 +157,33 @@ def check_datasets(config: PipelineConfig, report: PreflightReport) -> list[int 
     return rows
 
 
+def check_eval_sets(config: PipelineConfig, report: PreflightReport) -> None:
+    """Each named evaluation set's file is there and in its format (read now: sets are small),
+    rather than failing after training."""
+    from eaglet.eval_sets import EvalSetError, read_set
+
+    for i, spec in enumerate(config.evaluate.sets):
+        key = f"evaluate.sets[{i}] ({spec.name})"
+        if is_hub_dataset(spec.path) and not Path(spec.path).exists():
+            report.passed.append(f"{key}: hub dataset {spec.path} (read by the evaluate stage)")
+            continue
+        if not Path(spec.path).is_file():
+            report.problems.append(
+                f"{key}: file {spec.path} not found: fix evaluate.sets[{i}].path, or remove the "
+                "set (evaluate.sets: [] measures the held-out prompts only)"
+            )
+            continue
+        try:
+            prompts = read_set(spec)
+        except (EvalSetError, OSError, ValueError) as exc:
+            report.problems.append(f"{key}: {_first_line(exc)}")
+            continue
+        if not prompts:
+            report.problems.append(f"{key}: {spec.path} holds no prompts")
+        else:
+            report.passed.append(f"{key}: {spec.path} ({len(prompts)} prompts)")
+
+
 def check_holdout(config: PipelineConfig, rows: list[int | None], report: PreflightReport) -> None:
     """evaluate measures τ on the held-out samples: none held out fails it after training."""
     fraction = config.train.holdout_fraction
@@ -881,6 +908,7 @@ def preflight(config: PipelineConfig, until: str = "evaluate") -> PreflightRepor
     rows = check_datasets(config, report)
     if until == "evaluate":
         check_holdout(config, rows, report)
+        check_eval_sets(config, report)
     check_work_dir(config, report)
     check_vllm_python(config, report)
     check_devices(config, report)

@@ -266,6 +266,8 @@ def key_figures(stage: str, manifest: dict[str, Any]) -> str:
             text += "; " + segments_text(info["segments"], symbol="τ")
         if info.get("sampled"):
             text += "; " + sampled_text(info["sampled"], symbol="τ")
+        if info.get("sets"):
+            text += "; sets: " + ", ".join(f"{n} τ {t:.3f}" for n, t in info["sets"].items())
         return text
     return ""
 

@@ -135,6 +135,7 @@ def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
             "segments": report.get("segments", {}),
             **({"sampled": sampled_summary(report["sampled"])} if "sampled" in report else {}),
             **({"served_tau": report["served_tau"]} if "served_tau" in report else {}),
+            **({"sets": report["sets"]} if "sets" in report else {}),
         }
     return {
         "work_dir": str(work_dir.resolve()),

@@ -104,12 +104,14 @@ def demo_config(work_dir: Path = Path("runs/demo"), overrides: list[str] = ()) -
     datasets = ", ".join(
         f"{{source: {d.source}, path: {moved(d.path)}}}" for d in defaults.datasets
     )
+    sets = ", ".join(f"{{name: {s.name}, path: {moved(s.path)}}}" for s in defaults.evaluate.sets)
     return load_config(
         None,
         [
             f"work_dir={work_dir}",
             f"target.model={moved(defaults.target.model)}",
             f"datasets=[{datasets}]",
+            f"evaluate.sets=[{sets}]",
             *overrides,
         ],
     )
@@ -153,6 +155,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     _print_run(result, time.time() - started)
     if result["evaluation"]:
         print(f"acceptance length tau = {result['evaluation']['tau']:.3f}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """τ of any draft folder (eaglet's exports, speculators' layout, a vLLM EAGLE-3, P-EAGLE or
+    DFlash checkpoint) on the config's evaluation sets, without training: a published draft
+    and your own side by side on the same prompts (the same sha256)."""
+    from eaglet.draft.set_evaluation import evaluate_sets
+    from eaglet.target import end_token_ids, load_tokenizer
+
+    config = load_config(args.config, args.set)
+    draft = Path(args.draft)
+    if not (draft / "config.json").is_file():
+        print(f"error: {draft} holds no config.json: give a draft folder", file=sys.stderr)
+        return 2
+    if not config.evaluate.sets:
+        print("error: no evaluate.sets to measure: --set 'evaluate.sets=[{name: gsm8k, "
+              "path: gsm8k.jsonl}]' or a config with them", file=sys.stderr)  # fmt: skip
+        return 2
+    tokenizer = load_tokenizer(config.target)
+    eos = end_token_ids(config.target, tokenizer)
+    report = evaluate_sets(
+        config.evaluate.sets, draft, config.target, tokenizer, config.evaluate,
+        config.tokenize.chat_template_kwargs, eos, progress=print,
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps({"draft": str(draft.resolve()), "sets": report}, indent=2))
+        return 0
+    print(f"draft {draft.resolve()} ({next(iter(report.values()))['method']})")
+    for name, figures in report.items():
+        print(
+            f"  {name:<12} τ {figures['tau']:.3f}  emitted τ {figures['emitted_tau']:.3f}  "
+            f"{figures['rounds']} rounds, {figures['prompts']} prompts, k "
+            f"{figures['num_speculative_tokens']}, sha256 {figures['prompts_sha256'][:16]}"
+        )
     return 0
 
 
@@ -396,6 +433,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="check every file's sha256 against its manifest (sizes are always checked)",
     )
     inspect.set_defaults(handler=cmd_inspect)
+
+    evaluate = commands.add_parser(
+        "eval", help="tau of any draft folder on the evaluation sets, without training"
+    )
+    evaluate.add_argument("draft", help="a draft folder (any format eaglet reads)")
+    evaluate.add_argument("--config", default=None, help="a config (default: the demo's)")
+    evaluate.add_argument("--set", action="append", default=[], metavar="a.b=value")
+    evaluate.add_argument("--json", action="store_true")
+    evaluate.set_defaults(handler=cmd_eval)
 
     gc = commands.add_parser("gc", help="list (and with --yes remove) superseded stage folders")
     gc.add_argument("work_dir")

@@ -141,7 +141,10 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def test_sample_data(tmp_path: Path) -> None:
     paths = write_sample_data(tmp_path / "a", seed=0)
-    assert set(paths) == {"arith", "tools", "mixed"}
+    assert set(paths) == {"arith", "tools", "mixed", "mt-bench", "gsm8k"}
+    mt_bench = read_jsonl(paths["mt-bench"])
+    assert len(mt_bench) == 12 and all(len(row["turns"]) == 2 for row in mt_bench)
+    assert all(row["answer"].split("#### ")[1].isdigit() for row in read_jsonl(paths["gsm8k"]))
 
     arith = read_jsonl(paths["arith"])
     assert len(arith) == 150

@@ -11,6 +11,7 @@ from eaglet.config import PipelineConfig
 from eaglet.draft.evaluate import evaluation_report
 from eaglet.draft.sampled import sampled_summary, sampled_text
 from eaglet.draft.segments import segments_text
+from eaglet.draft.set_evaluation import evaluate_sets
 from eaglet.progress import Throttle
 from eaglet.reasoning import detect_format
 from eaglet.records.io import read_jsonl
@@ -18,7 +19,7 @@ from eaglet.records.prompts import Prompt
 from eaglet.split import is_heldout
 from eaglet.stage_context import StageContext
 from eaglet.stages import DRAFT_FOLDER, PROMPTS_FILE, REPORT_FILE
-from eaglet.storage import Manifest, StageOutput, final_path, stage_dir
+from eaglet.storage import Manifest, StageOutput, final_path, stage_dir, write_json_atomic
 from eaglet.target import end_token_ids, load_tokenizer
 
 
@@ -64,6 +65,20 @@ def run(
         config.evaluate, config.target, draft_dir, heldout, eos, None, folder, progress,
         reasoning_format,
     )  # fmt: skip
+    if config.evaluate.sets:  # the named sets, beside the held-out prompts
+        report["sets"] = evaluate_sets(
+            config.evaluate.sets, draft_dir, config.target, tokenizer, config.evaluate,
+            config.tokenize.chat_template_kwargs, eos, ctx.info,
+        )  # fmt: skip
+        write_json_atomic(folder / REPORT_FILE, report)
+        rows = [
+            {"set": name, "category": category or "(all)", "tau": round(f["tau"], 3),
+             "emitted_tau": round(f["emitted_tau"], 3), "rounds": f["rounds"],
+             "prompts": f["prompts"], "prompts_sha256": s["prompts_sha256"][:16]}
+            for name, s in report["sets"].items()
+            for category, f in [(None, s), *s.get("categories", {}).items()]
+        ]  # fmt: skip
+        ctx.table("evaluation-sets", rows, "τ per named evaluation set and category")
     publish(ctx, report, len(heldout), report["draft"]["num_speculative_tokens"], folder)
     trained, served, sampled = report["draft"], report.get("served"), report.get("sampled")
     return StageOutput(
@@ -78,6 +93,11 @@ def run(
                 for name, seg in report["segments"].items()
             },
             **({"served_tau": served["tau"]} if served is not None else {}),
+            **(
+                {"sets": {name: round(s["tau"], 4) for name, s in report["sets"].items()}}
+                if report.get("sets")
+                else {}
+            ),  # fmt: skip
             **({"sampled": sampled_summary(sampled)} if sampled is not None else {}),
         },
     )
