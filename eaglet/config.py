@@ -857,6 +857,14 @@ class EvaluateConfig(_Strict):
         description="Seconds to wait for the started server's /health.",
         json_schema_extra=CACHE_NEUTRAL,
     )
+    speedup_concurrency: list[int] = Field(
+        default_factory=lambda: [1, 4, 16],
+        description="With serving: vllm and a server eaglet starts: the same prompts served "
+        "with and without the draft at each of these concurrencies: output tokens/s, time per "
+        "output token and the speed-up, with served τ from this run's counter differences. "
+        "Empty: no speed-up table.",
+        json_schema_extra=CACHE_NEUTRAL,
+    )
     max_serving_gap: float = Field(
         0.25,
         ge=0.0,

@@ -48,6 +48,7 @@ def test_the_method_is_served_with_the_offline_tau(
         "evaluate.serving=vllm",
         f"evaluate.vllm_python={vllm_python()}",
         "evaluate.vllm_args=[--enforce-eager]",
+        "evaluate.speedup_concurrency=[]",  # tests/test_serving_vllm.py measures it
         *METHODS[method],
     ]
     args = ["run", "/dev/null", *[x for o in overrides for x in ("--set", o)]]

@@ -126,6 +126,30 @@ def test_evaluate_stage_reports_served_tau_beside_offline_tau(run):
     assert served["per_position_acceptance"][0] >= served["per_position_acceptance"][-1]
 
 
+def test_the_served_speedup_table_at_each_concurrency(run):
+    """The same prompts served with and without the draft at concurrency 1, 4, 16: output
+    tokens/s, time per output token and the speed-up, served τ from this batch's counter
+    differences alone (never the server's totals). On this CPU the fixture's draft is nearly
+    as large as its target, so the speed-up is what it is; it is printed, not bounded."""
+    table = run["report"]["served"]["speedup"]
+    for row in table:
+        print(
+            f"concurrency {row['concurrency']:>2}: {row['output_tokens_per_s']:.0f} tokens/s with "
+            f"the draft, {row['output_tokens_per_s_without_draft']:.0f} without, speed-up "
+            f"{row['speedup']:.2f}x, time per output token {row['time_per_output_token_ms']:.1f} "
+            f"vs {row['time_per_output_token_ms_without_draft']:.1f} ms, served tau "
+            f"{row['served_tau']:.3f}"
+        )
+    assert [row["concurrency"] for row in table] == [1, 4, 16]
+    for row in table:
+        assert row["output_tokens_per_s"] > 0 and row["output_tokens_per_s_without_draft"] > 0
+        assert row["speedup"] == pytest.approx(
+            row["output_tokens_per_s"] / row["output_tokens_per_s_without_draft"]
+        )
+        # each batch's own counters: greedy, the same draft, so about the whole run's tau
+        assert abs(row["served_tau"] - run["report"]["served"]["tau"]) < 0.3
+
+
 def test_pipeline_draft_evaluates_from_its_folder_alone(run):
     """No layer ids passed: the pipeline's draft names them and their convention itself."""
     report = evaluate_draft(

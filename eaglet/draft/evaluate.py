@@ -571,7 +571,8 @@ def plot_acceptance(report: dict, path: Path, sampled: dict | None = None) -> No
         ylabel="acceptance rate",
         ylim=(0, 1),
         xticks=xs,
-        title=f"tau = {report['tau']:.2f} over {report['num_rounds']} rounds",
+        title=f"{report.get('method', 'eagle3')} draft: tau = {report['tau']:.2f} over "
+        f"{report['num_rounds']} rounds",
     )
     ax.legend()
     fig.tight_layout()

@@ -218,18 +218,21 @@ def speculative_config(draft_dir: Path, num_speculative_tokens: int) -> dict:
 def vllm_command(
     python: str,
     target: TargetConfig,
-    draft_dir: Path,
+    draft_dir: Path | None,
     num_speculative_tokens: int,
     port: int,
     max_model_len: int | None,
     extra_args: list[str],
 ) -> list[str]:
+    """The server eaglet starts: the target with the draft (`draft_dir`), or alone (None)."""
     command = [
         python, "-m", "vllm.entrypoints.openai.api_server", "--model", target.model,
         "--served-model-name", "eaglet-target", "--host", "127.0.0.1", "--port", str(port),
         "--dtype", target_dtype(target),
-        "--speculative-config", json.dumps(speculative_config(draft_dir, num_speculative_tokens)),
     ]  # fmt: skip
+    if draft_dir is not None:
+        spec = speculative_config(draft_dir, num_speculative_tokens)
+        command += ["--speculative-config", json.dumps(spec)]
     if max_model_len is not None:
         command += ["--max-model-len", str(max_model_len)]
     if target.revision:
@@ -283,9 +286,89 @@ def measure_served(
     command = vllm_command(
         settings.vllm_python, target, draft_dir, k, free_port(), max_model_len, settings.vllm_args
     )
-    with vllm_server(
-        command, log_path, settings.serving_startup_timeout_s,
+    started = dict(
+        log_path=log_path, startup_timeout_s=settings.serving_startup_timeout_s,
         timeout_setting="evaluate.serving_startup_timeout_s",
-    ) as base_url:  # fmt: skip
+    )  # fmt: skip
+    with vllm_server(command, **started) as base_url:
         served = served_acceptance(base_url, **measure)
-    return dict(served, server="started by eaglet", command=command)
+        with_draft = throughput(base_url, prompts, settings, stop_token_ids, counters=True)
+    served = dict(served, server="started by eaglet", command=command)
+    if settings.speedup_concurrency:
+        plain = vllm_command(
+            settings.vllm_python, target, None, k, free_port(), max_model_len, settings.vllm_args
+        )
+        alone = dict(started, log_path=log_path.with_name(log_path.stem + "-no-draft.log"))
+        with vllm_server(plain, **alone) as base_url:
+            without = throughput(base_url, prompts, settings, stop_token_ids, counters=False)
+        served["speedup"] = speedup_table(with_draft, without)
+    return served
+
+
+def throughput(
+    base_url: str,
+    prompts: list[list[int]],
+    settings: EvaluateConfig,
+    stop_token_ids: list[int],
+    counters: bool,
+) -> dict[int, dict]:
+    """Per concurrency c: the prompts (repeated to at least c) sent c at a time, greedy:
+    output tokens/s, time per output token (a request's seconds over its tokens, averaged),
+    and with `counters` τ from vLLM's counters diffed over this batch alone."""
+    out = {}
+    with httpx.Client() as client:
+        model = served_model_name(client, base_url)
+        for c in settings.speedup_concurrency:
+            batch = (prompts * ((c + len(prompts) - 1) // len(prompts)))[: max(c, len(prompts))]
+            before = read_counters(client, base_url) if counters else None
+
+            def one(prompt: list[int]) -> tuple[int, float]:
+                body = {
+                    "model": model,
+                    "prompt": prompt,
+                    "temperature": 0.0,
+                    "max_tokens": settings.max_new_tokens,
+                    "stop_token_ids": stop_token_ids,
+                }
+                started = time.perf_counter()
+                response = client.post(f"{base_url}/v1/completions", json=body, timeout=600)
+                response.raise_for_status()
+                tokens = int(response.json()["usage"]["completion_tokens"])
+                return tokens, (time.perf_counter() - started) / max(tokens, 1)
+
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=c) as pool:
+                results = list(pool.map(one, batch))
+            seconds = time.perf_counter() - t0
+            tokens = sum(n for n, _ in results)
+            row = {
+                "requests": len(batch),
+                "output_tokens": tokens,
+                "seconds": seconds,
+                "output_tokens_per_s": tokens / max(seconds, 1e-9),
+                "time_per_output_token_ms": 1000 * sum(t for _, t in results) / len(results),
+            }
+            if before is not None:
+                delta = read_counters(client, base_url) - before
+                row["served_tau"] = delta.tau if delta.drafts else None
+            out[c] = row
+    return out
+
+
+def speedup_table(with_draft: dict[int, dict], without: dict[int, dict]) -> list[dict]:
+    """One row per concurrency: both runs' output tokens/s and time per output token, and the
+    speed-up (with / without). The fixture's draft is nearly as large as its target on a CPU:
+    its figure says how a round's costs compare here, not what a GPU serving a real model gets."""
+    return [
+        {
+            "concurrency": c,
+            "output_tokens_per_s": with_draft[c]["output_tokens_per_s"],
+            "output_tokens_per_s_without_draft": without[c]["output_tokens_per_s"],
+            "speedup": with_draft[c]["output_tokens_per_s"]
+            / max(without[c]["output_tokens_per_s"], 1e-9),
+            "time_per_output_token_ms": with_draft[c]["time_per_output_token_ms"],
+            "time_per_output_token_ms_without_draft": without[c]["time_per_output_token_ms"],
+            "served_tau": with_draft[c].get("served_tau"),
+        }
+        for c in sorted(with_draft)
+    ]

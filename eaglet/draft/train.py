@@ -64,7 +64,9 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def plot_loss(metrics: list[dict], path: Path, heldout: list[dict] | None = None) -> None:
+def plot_loss(
+    metrics: list[dict], path: Path, heldout: list[dict] | None = None, method: str = "eagle3"
+) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -83,9 +85,9 @@ def plot_loss(metrics: list[dict], path: Path, heldout: list[dict] | None = None
             ax_tau = ax_loss.twinx()
             ax_tau.plot([r["step"] for r in taus], [r["tau"] for r in taus], "s--", color="tab:red")
             ax_tau.set_ylabel("held-out tau", color="tab:red")
-    ax_loss.set(xlabel="step", ylabel="loss", title="TTT loss")
+    ax_loss.set(xlabel="step", ylabel="loss", title=f"{method} training loss")
     for i in range(len(metrics[0]["acc"]) if metrics else 0):
-        ax_acc.plot(steps, [m["acc"][i] for m in metrics], label=f"step {i}")
+        ax_acc.plot(steps, [m["acc"][i] for m in metrics], label=f"position {i + 1}")
     ax_acc.set(xlabel="step", ylabel="accuracy", title="draft argmax = target argmax", ylim=(0, 1))
     if metrics:
         ax_acc.legend()
@@ -639,7 +641,7 @@ def summarize(run: Run) -> dict:
     """The run's figures for the stage manifest (plots the loss curve on rank 0)."""
     metrics = read_metrics(run.metrics_path) if run.rank == 0 else []
     if metrics:
-        plot_loss(metrics, run.plot_path, run.heldout_losses)
+        plot_loss(metrics, run.plot_path, run.heldout_losses, run.method.name)
     return {
         "steps": run.step,
         "total_steps": run.total_steps,

@@ -94,6 +94,15 @@ def run(
             },
             **({"served_tau": served["tau"]} if served is not None else {}),
             **(
+                {
+                    "speedup": {
+                        str(r["concurrency"]): round(r["speedup"], 3) for r in served["speedup"]
+                    }
+                }  # fmt: skip
+                if served is not None and served.get("speedup")
+                else {}
+            ),
+            **(
                 {"sets": {name: round(s["tau"], 4) for name, s in report["sets"].items()}}
                 if report.get("sets")
                 else {}
@@ -122,6 +131,21 @@ def publish(
     if served is not None:
         at = f" at T={served['temperature']:g}" if served.get("temperature") else ""
         line += f"; served by vLLM{at}: tau {served['tau']:.3f} (gap {report['serving_gap']:.3f})"
+        if served.get("speedup"):
+            line += "; speed-up " + ", ".join(
+                f"{row['speedup']:.2f}x at concurrency {row['concurrency']}"
+                for row in served["speedup"]
+            )
+            ctx.table(
+                "serving-speedup",
+                [
+                    {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
+                    for row in served["speedup"]
+                ],  # fmt: skip
+                "vLLM with and without the draft: output tokens/s, time per output token, "
+                "speed-up and served τ per concurrency (on a CPU, the fixture's draft is nearly "
+                "as large as its target: this is no GPU figure)",
+            )
     segments = report.get("segments", {})
     if segments:
         line += "; by segment: " + segments_text(segments)
