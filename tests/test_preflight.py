@@ -210,6 +210,7 @@ def test_the_demo_config_is_the_form_defaults():
     demo, form = demo_config().model_dump(), PipelineConfig().model_dump()
     for paths in (demo, form):
         paths.update(work_dir=None, target={**paths["target"], "model": None}, datasets=None)
+        paths["evaluate"]["sets"] = [s["name"] for s in paths["evaluate"]["sets"]]
     assert demo == form  # equal but for where relative paths point
     moved = demo_config(Path("elsewhere/demo"))
     assert moved.target.model.endswith(str(Path("elsewhere/demo/models/fixture")))
@@ -244,7 +245,9 @@ def test_demo_inputs_are_built_only_for_a_config_that_points_at_them(tmp_path, m
     assert points_at_demo_model(defaults) and points_at_demo_data(defaults)
     make_target(tmp_path / "runs" / "demo" / "models" / "fixture")
     built = ensure_demo_inputs(defaults, log=lambda _: None)
-    assert sorted(p.name for p in built) == ["arith.jsonl", "mixed.parquet", "tools.jsonl"]
+    assert sorted(p.name for p in built) == [
+        "arith.jsonl", "gsm8k.jsonl", "mixed.parquet", "mt-bench.jsonl", "tools.jsonl"
+    ]  # fmt: skip
     assert ensure_demo_inputs(defaults, log=lambda _: None) == []  # nothing twice
 
 
