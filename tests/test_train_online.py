@@ -201,3 +201,22 @@ def test_prefetch_runs_ahead_within_its_bound_and_changes_nothing(world, tmp_pat
     b = load_file(str(tmp_path / "on-demand" / "draft" / "model.safetensors"))
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+def test_dflash_trains_online_as_it_trains_offline(world):
+    """DFlash reads the same features either way: online and offline runs of two epochs end on
+    the same weights (the same batches, the same anchors, features equal to float tolerance)."""
+    settings = dict(method="dflash", epochs=2, draft_vocab_size=32000)
+    runs = {
+        mode: run_job(job(world, world / f"dflash-{mode}", online=mode == "online", **settings))
+        for mode in ("offline", "online")
+    }
+    assert runs["online"]["steps"] == runs["offline"]["steps"] == 2 * 8
+    weights = {
+        m: load_file(str(world / f"dflash-{m}" / "draft" / "model.safetensors")) for m in runs
+    }
+    assert set(weights["online"]) == set(weights["offline"])
+    for name, tensor in weights["offline"].items():
+        torch.testing.assert_close(weights["online"][name], tensor, rtol=1e-3, atol=1e-4)
+    config = json.loads((world / "dflash-online" / "draft" / "config.json").read_text())
+    assert config["eaglet"]["method"] == "dflash"
