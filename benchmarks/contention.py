@@ -1,33 +1,32 @@
-"""The demo's training on a busy machine: tokens/s alone and beside one CPU-burning process per
-core, libgomp's old settings against eaglet's thread choice (eaglet/cpu_threads.py); and the same
-training inside a Prefect task against plain, in one run.
+"""The demo's training on a quiet and on a busy machine: tokens/s of eaglet's thread and wait
+choice (eaglet/cpu_threads.py) against fixed settings, quiet and beside one CPU-burning process
+per core; and the same training inside a Prefect task against plain.
 
 1. Examples: the fixture target's greedy answers to its own chat prompts (--samples), then the
    hidden_states stage body writes its shards (the demo's settings: int8, offline).
 2. Every measurement is a fresh process (libgomp reads OMP_WAIT_POLICY / GOMP_SPINCOUNT once,
    when torch loads) training the demo's TrainConfig (`PipelineConfig().train`, CPU) on those
    shards for --seconds after two warm-up steps; tokens/s = tokens trained / seconds.
-   - old: the behaviour before eaglet chose threads: torch's default intra-op threads and
-     libgomp's default wait (spin up to 300,000 times, ~3 ms, before sleeping);
-   - new: eaglet's choice (cpu_threads.apply_threads: threads by affinity, quota and load;
-     idle OpenMP threads sleep at once);
-   - with --matrix, the variants that find the cause: threads 1 / 2 under each wait setting.
-3. Each variant quiet, then beside one busy-loop process per usable CPU (--burners), then quiet
-   again; loaded/quiet is the loaded figure over the mean of the two quiet ones.
+   - eaglet's choice: nothing set; eaglet picks the threads (affinity, quota, load; again
+     between steps) and the wait (GOMP_SPINCOUNT=cpu_threads.SPIN_COUNT);
+   - fixed: every --threads count with every --waits setting (PASSIVE, or a GOMP_SPINCOUNT;
+     "2 thr, spin 300000" is what ran before eaglet chose: torch's default threads on 2 cores,
+     libgomp's default spin).
+3. Honest figures: each variant's first measurement (--warmup-seconds, cold caches) is shown
+   and discarded; then --repeats rounds, each variant in a rotated order quiet and then beside
+   the burners (--burners, default one per usable CPU), so a drift of the machine's load
+   reaches every variant alike. The summary: median (lowest-highest) per variant and condition,
+   and eaglet's medians over the best fixed setting's, quiet with quiet and loaded with loaded.
 4. Prefect: old and new, the training inside a Prefect task of a flow (a temporary Prefect
    server, run logs and a progress artifact as the train task writes them) against the same
    training plainly, alternated --prefect-repeats times (beside --prefect-burners busy loops).
 
-    python benchmarks/contention.py [--target /tmp/eaglet-fixture-model] [--seconds 20]
-        [--matrix] [--skip-contention] [--skip-prefect] [--prefect-burners N]
+    python benchmarks/contention.py --target runs/demo/models/fixture [--seconds 15]
+        [--repeats 3] [--threads 1,2] [--waits PASSIVE,10000,300000] [--skip-prefect]
 
-Measured on 2 shared cores (load averages in the commit that added this file; other agents'
-jobs came and went): quiet, old ~6.8k tokens/s and new ~5.4k (idle threads that sleep lose
-the ~30% a second spinning thread gains on these small ops); beside a burner per core, old
-0.1-2.0k (down to 125), new 2.7-3.6k.
-
-Times move with whatever else the machine runs: the load average (1, 5, 15 min) is printed
-beside every figure, and nothing is asserted on time.
+Times move with whatever else the machine runs (the load average counts these measurements'
+own threads too): the load average (1, 5, 15 min) before and after is printed beside every
+figure, and nothing is asserted on time. Figures: see eaglet/cpu_threads.py's docstring.
 """
 
 from __future__ import annotations
@@ -43,6 +42,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from eaglet.cpu_threads import SPIN_COUNT  # noqa: E402
 
 BURN = "import time\nwhile True:\n    pass\n"
 OLD_ENV = {"GOMP_SPINCOUNT": "300000"}  # libgomp's own default with OMP_WAIT_POLICY unset
@@ -227,12 +228,12 @@ class Burners:
 
 def show(name: str, condition: str, r: dict) -> None:
     print(
-        f"{name:<26} {condition:<7} {r['tokens_per_s']:>9.0f} tok/s  threads {r['threads']}  "
+        f"{name:<24} {condition:<7} {r['tokens_per_s']:>7.0f} tok/s  threads {r['threads']}  "
         f"({r['steps']} steps in {r['seconds']:.1f} s; load {r['load']})",
         flush=True,
     )
     if r.get("choice"):
-        print(f"{'':<34} {r['choice'].strip()}", flush=True)
+        print(f"{'':<32} {r['choice'].split(' ', 1)[-1].strip()}", flush=True)
 
 
 def torch_default_threads() -> int:
@@ -246,37 +247,87 @@ def old_variant() -> dict:
     return {"threads": torch_default_threads(), "env": OLD_ENV}
 
 
+def wait_env(wait: str) -> dict:
+    """ "PASSIVE" (sleep at once; the same as GOMP_SPINCOUNT=0) or a GOMP_SPINCOUNT."""
+    return {"OMP_WAIT_POLICY": "PASSIVE"} if wait.upper() == "PASSIVE" else {"GOMP_SPINCOUNT": wait}
+
+
+def fixed_variants(threads: list[int], waits: list[str]) -> dict[str, dict]:
+    """Every thread count with every wait setting, both fixed: what eaglet is measured against."""
+    return {
+        f"{t} thr, {'PASSIVE' if w.upper() == 'PASSIVE' else 'spin ' + w}": {
+            "threads": t,
+            "env": wait_env(w),
+        }
+        for t in threads
+        for w in waits
+    }
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def figure(values: list[float]) -> str:
+    """The median and the spread (lowest-highest) of a variant's measurements."""
+    return f"{median(values):>6.0f} ({min(values):.0f}-{max(values):.0f})"
+
+
 def contention(args, job: dict, work: Path) -> None:
+    """A discarded warm-up measurement per variant, then --repeats rounds; in each round every
+    variant (in a rotated order) quiet and then beside the burners, so slow drifts of the
+    machine's load reach all variants alike. The summary: medians with their spread."""
     cpus = len(os.sched_getaffinity(0))
     burners = args.burners or cpus
-    old = old_variant()
-    variants = {"old (torch default, spin)": old, "new (eaglet's choice)": {}}
-    if args.matrix:
-        variants |= {
-            "threads 1, spin": {"threads": 1, "env": OLD_ENV},
-            "threads 2, PASSIVE": {"threads": 2, "env": {"OMP_WAIT_POLICY": "PASSIVE"}},
-            "threads 2, ACTIVE": {"threads": 2, "env": {"OMP_WAIT_POLICY": "ACTIVE"}},
-            "threads 2, SPINCOUNT=0": {"threads": 2, "env": {"GOMP_SPINCOUNT": "0"}},
-            "threads 2, SPINCOUNT=10k": {"threads": 2, "env": {"GOMP_SPINCOUNT": "10000"}},
-            "threads 1, PASSIVE": {"threads": 1, "env": {"OMP_WAIT_POLICY": "PASSIVE"}},
-        }
-    print(f"\n{cpus} usable CPUs, {burners} burners, torch's default threads {old['threads']}")
-    summary = {}
-    for name, variant in variants.items():
-        quiet1 = measure(job, variant, args.seconds, work)
-        show(name, "quiet", quiet1)
-        with Burners(burners):
-            loaded = measure(job, variant, args.seconds, work)
-        show(name, "loaded", loaded)
-        quiet2 = measure(job, variant, args.seconds, work)
-        show(name, "quiet", quiet2)
-        quiet = (quiet1["tokens_per_s"] + quiet2["tokens_per_s"]) / 2
-        summary[name] = (quiet, loaded["tokens_per_s"])
-    print(f"\n{'variant':<26} {'quiet':>9} {'loaded':>9} {'loaded/quiet':>13}")
-    for name, (quiet, loaded) in summary.items():
-        print(f"{name:<26} {quiet:>9.0f} {loaded:>9.0f} {loaded / quiet:>13.2f}")
-    old, new = summary["old (torch default, spin)"], summary["new (eaglet's choice)"]
-    print(f"new / old loaded: {new[1] / old[1]:.1f}x; new / old quiet: {new[0] / old[0]:.2f}x")
+    threads = [int(t) for t in args.threads.split(",")]
+    variants = {"eaglet's choice": {}} | fixed_variants(threads, args.waits.split(","))
+    names = list(variants)
+    print(
+        f"\n{cpus} usable CPUs, {burners} burners, torch's default threads "
+        f"{torch_default_threads()}; {len(names)} variants, {args.repeats} rounds of "
+        f"{args.seconds:g} s measurements after a {args.warmup_seconds:g} s warm-up each"
+    )
+    for name in names:
+        show(name, "warm-up", measure(job, variants[name], args.warmup_seconds, work))
+    figures: dict[tuple[str, str], list[float]] = {}
+    for round_ in range(args.repeats):
+        print(f"-- round {round_ + 1}", flush=True)
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            for condition in ("quiet", "loaded"):
+                with Burners(burners if condition == "loaded" else 0):
+                    r = measure(job, variants[name], args.seconds, work)
+                show(name, condition, r)
+                figures.setdefault((name, condition), []).append(r["tokens_per_s"])
+    summarize(names, figures)
+
+
+def summarize(names: list[str], figures: dict[tuple[str, str], list[float]]) -> None:
+    """Medians (spread); eaglet's against the best fixed setting, quiet and loaded apart."""
+    print(f"\nload average at the end: {loadavg()}")
+    print(f"{'variant':<24} {'quiet tok/s':>20} {'loaded tok/s':>20} {'loaded/quiet':>13}")
+    for name in names:
+        quiet, loaded = figures[name, "quiet"], figures[name, "loaded"]
+        ratio = median(loaded) / median(quiet)
+        print(f"{name:<24} {figure(quiet):>20} {figure(loaded):>20} {ratio:>13.2f}")
+    fixed = names[1:]
+    best = {c: max(fixed, key=lambda n: median(figures[n, c])) for c in ("quiet", "loaded")}
+    mine = {c: median(figures[names[0], c]) for c in ("quiet", "loaded")}
+    goals = {"quiet": 0.95, "loaded": 0.9}
+    for condition, goal in goals.items():
+        ratio = mine[condition] / median(figures[best[condition], condition])
+        verdict = "met" if ratio >= goal else "NOT met"
+        print(
+            f"eaglet / best fixed {condition} ({best[condition]}): {ratio:.2f}x "
+            f"(goal >= {goal}: {verdict})"
+        )
+    own = mine["loaded"] / mine["quiet"]
+    print(
+        f"eaglet loaded / its own quiet: {own:.2f}x (goal >= 0.35: "
+        f"{'met' if own >= 0.35 else 'NOT met'})"
+    )
 
 
 def prefect_gap(args, job: dict, work: Path) -> None:
@@ -304,9 +355,16 @@ def main() -> None:
     parser.add_argument("--target", default="/tmp/eaglet-fixture-model")
     parser.add_argument("--samples", type=int, default=96)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--seconds", type=float, default=20.0, help="per measurement")
+    parser.add_argument("--seconds", type=float, default=15.0, help="per measurement")
+    parser.add_argument("--warmup-seconds", type=float, default=5.0, help="each variant's first")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds: quiet and loaded each")
     parser.add_argument("--burners", type=int, default=0, help="0: one per usable CPU")
-    parser.add_argument("--matrix", action="store_true", help="threads x wait settings too")
+    parser.add_argument("--threads", default="1,2", help="the fixed variants' thread counts")
+    parser.add_argument(
+        "--waits",
+        default=f"PASSIVE,{SPIN_COUNT},300000",
+        help="the fixed variants' waits: PASSIVE or GOMP_SPINCOUNT values",
+    )
     parser.add_argument("--skip-contention", action="store_true")
     parser.add_argument("--skip-prefect", action="store_true")
     parser.add_argument("--prefect-repeats", type=int, default=2)

@@ -17,14 +17,18 @@ import torch
 from eaglet import cpu_threads
 from eaglet.config import HiddenStatesConfig, PipelineConfig, TargetConfig, TrainConfig
 from eaglet.cpu_threads import (
+    RECHECK_S,
+    SPIN_COUNT,
     ThreadChoice,
     apply_threads,
+    between_steps,
     cgroup_cpu_limit,
     choose_threads,
     others_load,
     own_runnable,
     quiet_openmp,
     set_by_caller,
+    wait_setting,
 )
 from eaglet.draft.launch import worker_threads
 from tests.hidden_states_helpers import tiny_target, write_examples
@@ -69,20 +73,37 @@ def test_the_choice_leaves_the_cpus_others_keep_busy():
     assert "others keep 3.0 CPUs busy" in choose_threads(**readers(busy=3.0)).reason
 
 
-def test_spinning_threads_take_one_thread_under_any_load(monkeypatch):
+def test_spinning_threads_take_only_the_cpus_others_leave_free(monkeypatch):
     monkeypatch.setattr(cpu_threads, "wait_policy_state", "user")  # judged from the environment
-    spin = {"OMP_WAIT_POLICY": "ACTIVE"}
-    assert choose_threads(**readers(cpus=8, busy=1.0, environ=spin, spinning=None)).threads == 1
-    assert choose_threads(**readers(cpus=8, busy=0.1, environ=spin, spinning=None)).threads == 8
+    spin = {"GOMP_SPINCOUNT": "10000"}
+    # 2 cores: any load from others (more than SPIN_LOAD_LIMIT) means 1 thread
+    assert choose_threads(**readers(cpus=2, busy=0.3, environ=spin, spinning=None)).threads == 1
+    assert choose_threads(**readers(cpus=2, busy=1.0, environ=spin, spinning=None)).threads == 1
+    assert choose_threads(**readers(cpus=2, busy=0.2, environ=spin, spinning=None)).threads == 2
+    assert choose_threads(**readers(cpus=8, busy=1.0, environ=spin, spinning=None)).threads == 7
+    busy = choose_threads(**readers(cpus=4, busy=1.4, environ=spin, spinning=None))
+    assert busy.threads == 2 and "only CPUs others leave free" in busy.reason
+    assert choose_threads(**readers(cpus=4, busy=1.4, environ=QUIET, spinning=None)).threads == 3
     unset = choose_threads(**readers(cpus=4, busy=0.0, environ={}, spinning=None))
-    assert unset.threads == 4 and "spin" in unset.reason
-    assert choose_threads(**readers(cpus=4, busy=2.0, spinning=True)).threads == 1
-    count = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "300000"}  # the count wins
-    assert choose_threads(**readers(cpus=8, busy=1.0, environ=count, spinning=None)).threads == 1
+    assert unset.threads == 4 and "spin" in unset.reason  # libgomp's default spins
+    count = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "300k"}  # the count wins
+    assert choose_threads(**readers(cpus=2, busy=1.0, environ=count, spinning=None)).threads == 1
     none = {"GOMP_SPINCOUNT": "0"}
-    assert choose_threads(**readers(cpus=8, busy=1.0, environ=none, spinning=None)).threads == 7
+    assert choose_threads(**readers(cpus=4, busy=1.4, environ=none, spinning=None)).threads == 3
     monkeypatch.setattr(cpu_threads, "wait_policy_state", "late")  # torch loaded before eaglet
-    assert choose_threads(**readers(cpus=8, busy=1.0, spinning=None)).threads == 1
+    assert choose_threads(**readers(cpus=4, busy=1.4, environ=none, spinning=None)).threads == 2
+
+
+def test_the_log_says_how_idle_threads_wait_and_who_chose(monkeypatch):
+    monkeypatch.setattr(cpu_threads, "wait_policy_state", "set")
+    assert wait_setting({"GOMP_SPINCOUNT": "10000"}) == (
+        "idle threads spin 10000 times, then sleep (GOMP_SPINCOUNT=10000, eaglet's)"
+    )
+    monkeypatch.setattr(cpu_threads, "wait_policy_state", "user")
+    assert wait_setting({"OMP_WAIT_POLICY": "PASSIVE"}) == "OMP_WAIT_POLICY=PASSIVE, the user's"
+    assert "default" in wait_setting({})
+    monkeypatch.setattr(cpu_threads, "wait_policy_state", "late")
+    assert "torch loaded before eaglet" in wait_setting({"GOMP_SPINCOUNT": "10000"})
 
 
 def test_the_override_and_omp_num_threads_win():
@@ -173,7 +194,9 @@ def test_own_runnable_threads_are_read_from_their_stat(tmp_path):
 
 def test_the_wait_policy_is_set_only_before_torch_loads_and_only_when_unset():
     env: dict[str, str] = {}
-    assert quiet_openmp(env, modules={}) == "set" and env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert quiet_openmp(env, modules={}) == "set" and env == {"GOMP_SPINCOUNT": str(SPIN_COUNT)}
+    env = {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert quiet_openmp(env, modules={}) == "user" and env == {"OMP_WAIT_POLICY": "PASSIVE"}
     env = {"GOMP_SPINCOUNT": "1000"}
     assert quiet_openmp(env, modules={}) == "user" and env == {"GOMP_SPINCOUNT": "1000"}
     env = {}
@@ -181,11 +204,15 @@ def test_the_wait_policy_is_set_only_before_torch_loads_and_only_when_unset():
     quiet_openmp(dict(os.environ), sys.modules)  # leave the module's state as this process's
 
 
-def test_importing_eaglet_sets_the_wait_policy_before_torch():
-    code = "import os, sys, eaglet; print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)"
+def test_importing_eaglet_sets_the_spin_count_before_torch():
+    code = "import os, sys, eaglet; print(os.environ['GOMP_SPINCOUNT'], 'torch' in sys.modules)"
     env = {k: v for k, v in os.environ.items() if k not in cpu_threads.WAIT_VARS}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.split() == ["PASSIVE", "False"], out.stderr
+    assert out.stdout.split() == [str(SPIN_COUNT), "False"], out.stderr
+    env["OMP_WAIT_POLICY"] = "PASSIVE"  # the user's wait wins
+    code = "import os, eaglet; print(os.environ.get('GOMP_SPINCOUNT'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split() == ["None"], out.stderr
 
 
 def test_a_count_the_caller_set_is_told_from_torchs_default():
@@ -213,6 +240,7 @@ def fake_machine(monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     monkeypatch.setattr(cpu_threads, "wait_policy_state", "user")  # libgomp read PASSIVE
     monkeypatch.setattr(cpu_threads, "_applied", before)  # the current count is not a caller's
+    monkeypatch.setattr(cpu_threads, "_local", threading.local())  # no thread applied yet
     yield
     torch.set_num_threads(before)
 
@@ -259,6 +287,72 @@ def test_a_callers_torch_setting_is_kept(fake_machine, monkeypatch):
     assert apply_threads("generate").threads == 2  # still the caller's, at every stage
     assert apply_threads("train", override=1).threads == 1  # the override still wins
     assert apply_threads("evaluate").threads == 3  # the override's count was this module's
+
+
+def test_training_chooses_again_between_its_optimizer_steps(fake_machine, monkeypatch):
+    monkeypatch.setattr(cpu_threads, "RECHECK_S", 0.0)  # due at every step
+    busy = {"now": 0.0}
+    lines: list[str] = []
+
+    def run() -> list[int]:
+        param = torch.nn.Parameter(torch.zeros(2))
+        mine, other = torch.optim.SGD([param], lr=0.1), torch.optim.SGD([param], lr=0.1)
+        apply_threads("train", report=lines.append, load=lambda: busy["now"], spinning=True)
+        counts = [torch.get_num_threads()]
+        busy["now"] = 1.0
+        mine.step()  # the stage's optimizer: 3 CPUs, 1 busy, spinning threads: 2
+        counts.append(torch.get_num_threads())
+        busy["now"] = 0.0
+        other.step()  # another optimizer in the same thread (the fixture build's): not watched
+        counts.append(torch.get_num_threads())
+        mine.step()  # the load is gone: 3 again
+        counts.append(torch.get_num_threads())
+        torch.set_num_threads(1)  # someone else's count from now on: the watch ends
+        busy["now"] = 2.0
+        mine.step()
+        counts.append(torch.get_num_threads())
+        return counts
+
+    counts, _ = in_thread(run)
+    assert counts == [3, 2, 2, 3, 1]
+    assert "checked again every 0 s between steps" in lines[0]
+    assert lines[1:] == [
+        "train: now 2 intra-op threads (3 CPUs in the affinity mask, others keep 1.0 CPUs "
+        "busy, idle OpenMP threads spin: only CPUs others leave free)",
+        "train: now 3 intra-op threads (3 CPUs in the affinity mask, others keep 0.0 CPUs "
+        "busy, idle OpenMP threads spin: only CPUs others leave free)",
+    ]
+
+
+def test_between_steps_reads_the_load_only_when_due_and_only_for_a_chosen_count(fake_machine):
+    reads: list[float] = []
+
+    def load() -> float:
+        reads.append(1.0)
+        return 1.0
+
+    def run() -> list:
+        apply_threads("train", load=load)
+        seen = [between_steps(), len(reads)]  # RECHECK_S not over yet: nothing read again
+        apply_threads("train", override=2, load=load)  # train.threads: never changed
+        seen.append(cpu_threads._local.watch)
+        apply_threads("evaluate", load=load)  # not a stage that re-checks
+        return seen + [cpu_threads._local.watch]
+
+    seen, _ = in_thread(run)
+    assert seen == [None, 1, None, None] and RECHECK_S > 0
+    assert between_steps() is None  # this thread applied nothing: no watch
+
+
+def test_a_count_chosen_in_another_thread_is_not_read_as_this_threads_callers(
+    fake_machine, monkeypatch
+):
+    """The engine's worker chose 1 thread under load; the next stage, in the main thread that
+    still has torch's default, chooses for itself (it kept the caller's 2 before)."""
+    monkeypatch.setattr(cpu_threads, "_torch_defaults", lambda: {torch.get_num_threads()})
+    in_thread(lambda: apply_threads("generate", load=lambda: 2.0))
+    choice = apply_threads("hidden_states")
+    assert choice.chosen and choice.threads == 3
 
 
 @pytest.fixture(scope="module")
@@ -313,19 +407,19 @@ def test_the_trainer_applies_the_choice_and_the_override_in_its_thread(shards, f
     assert chosen[1].startswith("train: 1 intra-op thread (train.threads=1")
 
 
-def test_evaluation_applies_the_choice_in_its_thread(fake_machine, monkeypatch, tmp_path):
+def test_evaluation_applies_the_choice_in_its_thread(fake_machine, tmp_path):
     from eaglet.draft import evaluate
 
-    seen: list[int] = []
+    lines: list[str] = []
 
-    def load_draft(path):
-        seen.append(torch.get_num_threads())
-        raise LookupError("stop here")
+    def run() -> int:
+        with cpu_threads.report_to(lines.append), pytest.raises(OSError):
+            evaluate.evaluate_draft(tmp_path, tmp_path, [[1, 2]])  # no draft: fails after
+        return torch.get_num_threads()
 
-    monkeypatch.setattr(evaluate, "load_draft", load_draft)
-    with pytest.raises(LookupError):
-        in_thread(lambda: evaluate.evaluate_draft(tmp_path, tmp_path, [[1, 2]]))
-    assert seen == [3]
+    seen, _ = in_thread(run)
+    assert seen == 3 and lines[0].startswith("evaluate: 3 intra-op threads (3 CPUs")
+    assert "checked again" not in lines[0]  # only training re-checks between steps
 
 
 def test_the_local_engine_applies_the_choice_in_the_consuming_thread(fake_machine, monkeypatch):
