@@ -236,9 +236,9 @@ def test_a_code_fix_to_extraction_reruns_extraction_and_later_stages_not_generat
     served, tmp_path, fixture_model_dir, sample_data_dir
 ):
     """The rerun-after-fix story: a whole run, a change to the extraction code of the served
-    project, the same run again from the API. The generation is reused (Cached) and the
-    extraction and every stage after it run again, because the extract stage's key hashes
-    the source of eaglet/reasoning.py."""
+    project, the same run again from the API. The generation is reused (Cached); extraction,
+    training and evaluation run again (their code holds eaglet/reasoning.py), and the hidden
+    states stay Cached: extract wrote the same examples (early cutoff). The report says why."""
     config = _config(tmp_path, fixture_model_dir, sample_data_dir, "name=fix", "train.lr=0.002")
     parameters = {"config": config}
     run, tasks = _run(served.client, served.deployments["pipeline"], parameters)
@@ -258,13 +258,14 @@ def test_a_code_fix_to_extraction_reruns_extraction_and_later_stages_not_generat
     finally:
         reasoning.write_bytes(original)
     assert run["state"]["type"] == "COMPLETED", run["state"]
-    reused = ("download", "tokenize", "generate")
-    rerun = ("extract", "hidden_states", "train", "evaluate")
+    reused = ("download", "tokenize", "generate", "hidden_states")
+    rerun = ("extract", "train", "evaluate")
     states = dict.fromkeys(reused, "Cached") | dict.fromkeys(rerun, "Completed")
     assert _states(tasks, "fix") == states
     report = _artifact(served.client, run["id"], "run-report")
     assert "| generate | Cached |" in report and "| extract | Completed |" in report
     assert "| train | Completed |" in report and "final loss" in report
+    assert "- **extract**: code changed: eaglet.reasoning" in report  # why it ran
 
 
 def test_failing_task_its_message_and_how_to_resume_are_visible_through_the_api(
