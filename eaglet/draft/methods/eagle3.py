@@ -50,10 +50,18 @@ class Eagle3Method:
     def problems(self, config: Any, target: dict[str, Any]) -> list[str]:
         return []  # its layers, vocabulary and init_from are the preflight's own checks
 
+    def new_draft(self, head: Any, config: Eagle3Config) -> Eagle3Draft:
+        return Eagle3Draft(config)
+
+    def mask_inputs(self, run: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """What training-time test feeds the steps after the first instead of a token and the
+        previous output (P-EAGLE's mask slots); None: EAGLE-3's chain."""
+        return None
+
     def build(self, head: Any, train: Any, vocab: Any, layer_ids: list[int]) -> Eagle3Draft:
         """With train.lm_head_init=target its lm_head starts as the target's rows of the
         draft vocab."""
-        draft = Eagle3Draft(draft_config(head, train, vocab.size))
+        draft = self.new_draft(head, draft_config(head, train, vocab.size))
         draft.set_vocab(vocab.d2t, vocab.t2d)
         if train.lm_head_init == "target":
             with torch.no_grad():  # [Vd, H]: the target's rows of the draft vocab
@@ -82,8 +90,9 @@ class Eagle3Method:
             hidden = run.draft.fuse(aux)  # [B, T, H]
             start = ttt_start(b["loss_mask"], c.ttt_length)
             step_logits = ttt_unroll(
-                run.draft, run.embed, b["input_ids"], hidden, c.ttt_length, start
-            )
+                run.draft, run.embed, b["input_ids"], hidden, c.ttt_length, start,
+                self.mask_inputs(run),
+            )  # fmt: skip
         return ttt_loss(
             step_logits, probs, b["in_vocab"], b["loss_mask"], b["lengths"],
             c.ttt_step_weight, denominators, c.loss, start,

@@ -26,9 +26,8 @@ from torch import nn
 
 from eaglet.draft.checkpoint import config_from_json, save_draft
 from eaglet.draft.evaluate import Drafter
-from eaglet.draft.methods.eagle3 import Eagle3Method, draft_config
+from eaglet.draft.methods.eagle3 import Eagle3Method
 from eaglet.draft.model import Eagle3Config, Eagle3Draft
-from eaglet.draft.ttt_loss import target_probs, ttt_loss, ttt_start, ttt_unroll
 
 
 class ParallelEagle3Draft(Eagle3Draft):
@@ -81,36 +80,14 @@ class ParallelEagle3Method(Eagle3Method):
             ]
         return []
 
-    def build(self, head: Any, train: Any, vocab: Any, layer_ids: list[int]):
+    def new_draft(self, head: Any, config: Eagle3Config) -> ParallelEagle3Draft:
         c = head.config
         pad, vocab_size = c.get("pad_token_id"), c["vocab_size"]
         mask = pad if isinstance(pad, int) and 0 <= pad < vocab_size else vocab_size - 1
-        draft = ParallelEagle3Draft(draft_config(head, train, vocab.size), int(mask))
-        draft.set_vocab(vocab.d2t, vocab.t2d)
-        if train.lm_head_init == "target":
-            with torch.no_grad():
-                draft.lm_head.weight.copy_(head.lm_head[vocab.ids])
-        return draft
+        return ParallelEagle3Draft(config, int(mask))
 
-    def piece_loss(self, run: Any, b: dict, denominators: list[int] | None):
-        c = run.config
-        probs = target_probs(b["final_hidden_states"], run.draft_lm_head)
-        with torch.autocast(
-            run.device.type, dtype=run.autocast or torch.bfloat16, enabled=run.autocast is not None
-        ):
-            aux = b["aux_hidden_states"]  # [B, T, 3H]
-            if c.hidden_noise and run.draft.training:
-                aux = aux + c.hidden_noise * torch.randn_like(aux)
-            hidden = run.draft.fuse(aux)  # [B, T, H]
-            start = ttt_start(b["loss_mask"], c.ttt_length)
-            step_logits = ttt_unroll(
-                run.draft, run.embed, b["input_ids"], hidden, c.ttt_length, start,
-                mask_inputs=run.draft.mask_inputs(run.embed),
-            )  # fmt: skip
-        return ttt_loss(
-            step_logits, probs, b["in_vocab"], b["loss_mask"], b["lengths"],
-            c.ttt_step_weight, denominators, c.loss, start,
-        )  # fmt: skip
+    def mask_inputs(self, run: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return run.draft.mask_inputs(run.embed)
 
     def save(self, draft: ParallelEagle3Draft, folder: Path, layer_ids: list[int], convention):
         folder = save_draft(draft, folder, layer_ids, convention)  # mask_hidden among tensors
