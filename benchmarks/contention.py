@@ -15,8 +15,10 @@ per core; and the same training inside a Prefect task against plain.
 3. Honest figures: each variant's first measurement (--warmup-seconds, cold caches) is shown
    and discarded; then --repeats rounds, each variant in a rotated order quiet and then beside
    the burners (--burners, default one per usable CPU), so a drift of the machine's load
-   reaches every variant alike. The summary: median (lowest-highest) per variant and condition,
-   and eaglet's medians over the best fixed setting's, quiet with quiet and loaded with loaded.
+   reaches every variant alike; before each measurement it waits (up to --wait-quiet s) for
+   other processes to go idle, and prints what they kept busy. The summary: median
+   (lowest-highest) per variant and condition, and eaglet's medians over the best fixed
+   setting's, quiet with quiet and loaded with loaded.
 4. Prefect: old and new, the training inside a Prefect task of a flow (a temporary Prefect
    server, run logs and a progress artifact as the train task writes them) against the same
    training plainly, alternated --prefect-repeats times (beside --prefect-burners busy loops).
@@ -275,6 +277,20 @@ def figure(values: list[float]) -> str:
     return f"{median(values):>6.0f} ({min(values):.0f}-{max(values):.0f})"
 
 
+def wait_quiet(limit_s: float) -> str:
+    """Wait up to `limit_s` until other processes keep less than half a CPU busy (another job on
+    a shared machine would make one variant's "quiet" loaded); returns what it found."""
+    from eaglet.cpu_threads import others_load
+
+    started = time.time()
+    while True:
+        busy = others_load()
+        waited = time.time() - started
+        if busy < 0.5 or waited >= limit_s:
+            return f"others {busy:.1f} CPUs busy" + (f" after {waited:.0f} s" if waited > 1 else "")
+        time.sleep(2)
+
+
 def contention(args, job: dict, work: Path) -> None:
     """A discarded warm-up measurement per variant, then --repeats rounds; in each round every
     variant (in a rotated order) quiet and then beside the burners, so slow drifts of the
@@ -290,16 +306,19 @@ def contention(args, job: dict, work: Path) -> None:
         f"{args.seconds:g} s measurements after a {args.warmup_seconds:g} s warm-up each"
     )
     for name in names:
-        show(name, "warm-up", measure(job, variants[name], args.warmup_seconds, work))
+        others = wait_quiet(args.wait_quiet)
+        r = measure(job, variants[name], args.warmup_seconds, work)
+        show(name, "warm-up", r | {"load": f"{r['load']}; {others}"})
     figures: dict[tuple[str, str], list[float]] = {}
     for round_ in range(args.repeats):
         print(f"-- round {round_ + 1}", flush=True)
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
             for condition in ("quiet", "loaded"):
+                others = wait_quiet(args.wait_quiet)
                 with Burners(burners if condition == "loaded" else 0):
                     r = measure(job, variants[name], args.seconds, work)
-                show(name, condition, r)
+                show(name, condition, r | {"load": f"{r['load']}; {others}"})
                 figures.setdefault((name, condition), []).append(r["tokens_per_s"])
     summarize(names, figures)
 
@@ -359,6 +378,12 @@ def main() -> None:
     parser.add_argument("--warmup-seconds", type=float, default=5.0, help="each variant's first")
     parser.add_argument("--repeats", type=int, default=3, help="rounds: quiet and loaded each")
     parser.add_argument("--burners", type=int, default=0, help="0: one per usable CPU")
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=120.0,
+        help="seconds to wait, before each measurement, for other processes to go idle",
+    )
     parser.add_argument("--threads", default="1,2", help="the fixed variants' thread counts")
     parser.add_argument(
         "--waits",
