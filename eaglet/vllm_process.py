@@ -1,6 +1,11 @@
 """A local vLLM OpenAI server as a child process: started in its own process group, waited for
 on `/health`, stopped by signalling the whole group (vLLM has child processes).
 
+Its port is chosen below the kernel's ephemeral range, so no other program's `bind(port 0)` is
+handed it in the seconds vLLM takes to import before it binds; and `/health` counts only once
+this server's own process holds the listening socket (on Linux), so another server on the port
+is never taken for it.
+
 One home for what both users of a local server need: the evaluate stage (the target with the
 draft as its eagle3 speculative model, `eaglet.draft.serving`) and the hidden_states stage and
 online training (the target with `extract_hidden_states`, `eaglet.hidden_states.vllm_backend`).
@@ -9,6 +14,7 @@ online training (the target with `extract_hidden_states`, `eaglet.hidden_states.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,10 +32,70 @@ class VllmServerError(PermanentError, RuntimeError):
     """The server exited or never became healthy while starting (its log says why)."""
 
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_PORT = 10000
+
+
 def free_port() -> int:
+    """A loopback port free now, below the ephemeral range the kernel hands to `bind(0)` (so
+    another program cannot be given it before our server binds it); any free port where the
+    range cannot be read or leaves no room."""
+    try:
+        first_ephemeral = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first_ephemeral = 0
+    candidates = list(range(_LOWEST_PORT, first_ephemeral))
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def listening_socket_inodes(port: int, proc: Path = Path("/proc")) -> set[str] | None:
+    """The inodes of the sockets listening on `port` (IPv4 and IPv6), or None where /proc does
+    not say (not Linux)."""
+    inodes: set[str] = set()
+    found_table = False
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (proc / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        found_table = True
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(inode)
+    return inodes if found_table else None
+
+
+def group_holds_listening_socket(group: int, port: int, proc: Path = Path("/proc")) -> bool | None:
+    """Whether a process of process group `group` holds a socket listening on `port`; None
+    where /proc cannot say (not Linux)."""
+    inodes = listening_socket_inodes(port, proc)
+    if inodes is None or not (proc / str(group) / "fd").is_dir():
+        return None
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[2]) != group:  # field 5: the process group
+                continue
+            if any(os.readlink(fd) in wanted for fd in (entry / "fd").iterdir()):
+                return True
+        except (OSError, ValueError, IndexError):
+            continue  # exited meanwhile, or not ours to read
+    return False
 
 
 def stop_process_group(
@@ -69,16 +135,23 @@ def vllm_server(
         )
         try:
             deadline = time.time() + startup_timeout_s
+            answered_by_another = False
             while True:
                 if process.poll() is not None:
+                    taken = f" (port {port} is held by another program)" * answered_by_another
                     raise VllmServerError(
-                        f"vLLM exited with {process.returncode} while starting; see {log_path}"
+                        f"vLLM exited with {process.returncode} while starting{taken}; "
+                        f"see {log_path}"
                     )
                 try:
-                    if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                        break
+                    healthy = httpx.get(f"{base_url}/health", timeout=2).status_code == 200
                 except httpx.HTTPError:
-                    pass
+                    healthy = False
+                if healthy:
+                    ours = group_holds_listening_socket(process.pid, int(port))
+                    if ours is not False:
+                        break
+                    answered_by_another = True
                 if time.time() > deadline:
                     raise VllmServerError(
                         f"vLLM not healthy after {startup_timeout_s:.0f} s ({timeout_setting}); "

@@ -1,0 +1,63 @@
+"""A local server child (eaglet.vllm_process): its port, and which server on that port counts as
+up. A plain Python HTTP server stands in for vLLM (this is about the process, not vLLM)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from eaglet.vllm_process import VllmServerError, free_port, vllm_server
+from tests.fake_servers import serve
+
+# a child that imports for `delay` seconds, as vLLM does, then binds --port and answers /health
+CHILD = """
+import http.server, sys, time
+time.sleep(float(sys.argv[3]))
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[2])), Health).serve_forever()
+"""
+
+
+def child_command(tmp_path: Path, port: int, delay_s: float) -> list[str]:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    return [sys.executable, str(script), "--port", str(port), str(delay_s)]
+
+
+def test_the_port_is_outside_the_range_the_kernel_hands_out():
+    first, _last = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = {free_port() for _ in range(20)}
+    assert all(port < first for port in ports)
+    assert len(ports) > 1  # chosen at random, so two servers starting together do not collide
+
+
+async def health_only(scope, receive, send):
+    status = 200 if scope["path"] == "/health" else 404
+    await send({"type": "http.response.start", "status": status, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def test_another_server_on_the_port_is_never_taken_for_ours(tmp_path):
+    """The CI failure of stop 42: another program answered /health on the port before vLLM had
+    imported, and eaglet measured against it (a 404 on /metrics). Now the child must hold the
+    listening socket, and its failure to bind is the error, naming the port."""
+    with serve(health_only) as other:
+        port = int(other.rsplit(":", 1)[1])
+        command = child_command(tmp_path, port, delay_s=1.0)
+        with pytest.raises(VllmServerError, match=f"port {port} is held by another program"):
+            with vllm_server(command, tmp_path / "server.log", startup_timeout_s=30):
+                pytest.fail("yielded a server that is not ours")
+
+
+def test_our_own_server_counts_once_it_answers(tmp_path):
+    port = free_port()
+    command = child_command(tmp_path, port, delay_s=1.0)
+    with vllm_server(command, tmp_path / "server.log", startup_timeout_s=30) as url:
+        assert url == f"http://127.0.0.1:{port}"
