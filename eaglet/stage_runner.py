@@ -45,4 +45,5 @@ def run_stage_body(
         records_file=spec.records_file,
         code_modules=modules,
         why=why,
+        warn=context.warning,
     )

@@ -138,13 +138,28 @@ class DiskFullError(PermanentError, OSError):
     the folder and what to do."""
 
 
+def is_disk_full(exc: BaseException) -> bool:
+    """An ENOSPC, as the OS error or as a library's own error that carries it (safetensors'
+    Rust writer raises a `SafetensorError` "... No space left on device (os error 28)"),
+    itself or in its chain of `raise ... from` causes."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        if "(os error 28)" in str(exc):
+            return True
+        exc = exc.__cause__
+    return False
+
+
 @contextmanager
 def naming_a_full_disk(folder: Path) -> Iterator[None]:
     """Raise an ENOSPC from the block again as a `DiskFullError` naming `folder`."""
     try:
         yield
-    except OSError as exc:
-        if exc.errno != errno.ENOSPC or isinstance(exc, DiskFullError):
+    except Exception as exc:
+        if isinstance(exc, DiskFullError) or not is_disk_full(exc):
             raise
         raise DiskFullError(
             errno.ENOSPC,
@@ -347,6 +362,7 @@ def run_stage(
     records_file: str | None = None,
     code_modules: dict[str, str] | None = None,
     why: list[str] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> Manifest:
     """Run `body(partial_folder)` unless the stage folder for `key` is already complete.
 
@@ -357,6 +373,9 @@ def run_stage(
     kept, so a resumable body carries on from them (the generate stage retrying its failed
     samples). `records_file` (a JSONL file the body writes) is checked before sealing: one
     line per sample id, as many lines as the body's `records` count (`SealError` otherwise).
+    A stage folder with files but no manifest (deleted, or a copy cut short) is never rebuilt
+    silently: a resumable stage carries on from its files as a partial folder, and `warn` is
+    told either way.
     """
     final = stage_folder(work_dir, stage, key)
     partial = final.with_name(final.name + PARTIAL_SUFFIX)
@@ -372,6 +391,7 @@ def run_stage(
     existing = read_manifest(final)  # checked above
     if existing is not None:
         return existing
+    _take_up_unsealed(stage, final, partial, resume_partial, warn or (lambda line: None))
     if partial.exists() and not resume_partial:
         shutil.rmtree(partial)
     partial.mkdir(parents=True, exist_ok=True)
@@ -399,6 +419,22 @@ def run_stage(
     )
     _publish(manifest, partial, final)
     return manifest
+
+
+def _take_up_unsealed(
+    stage: str, final: Path, partial: Path, resumable: bool, warn: Callable[[str], None]
+) -> None:
+    """A stage folder holding files but no manifest: a resumable stage's becomes the partial
+    folder (its finished work kept, checked by the body as any partial folder's is); any other
+    is built again. Both are said."""
+    if not final.is_dir() or not any(final.iterdir()):
+        return
+    missing = f"{stage}: {final} holds files but no {MANIFEST} (deleted, or a copy cut short)"
+    if resumable and not partial.exists():
+        os.replace(final, partial)
+        warn(f"{missing}: not trusted as finished; carrying on from its files as a partial folder")
+    else:
+        warn(f"{missing}: not trusted as finished; {stage} runs again and replaces it")
 
 
 def _check_records(stage: str, path: Path, expected: int | None) -> None:

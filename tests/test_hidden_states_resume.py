@@ -141,3 +141,31 @@ def test_disk_budget_refuses_on_a_small_filesystem_before_any_work(target_dir, t
         assert "int8" in message and "online" in message
         assert not list(folder.glob("shard-*"))  # refused before any shard was written
         print(message)
+
+
+def test_a_deleted_manifest_resumes_from_the_shards_and_says_so(target_dir, tmp_path):
+    """Issue 40: a finished hidden_states folder whose manifest.json was deleted was rebuilt
+    without a word (and train and evaluate ran again). Now its shards are kept, none is
+    rewritten, the stage says why, and the sealed output is the same (so the stages after it
+    stay Cached)."""
+    examples = tmp_path / "examples.jsonl"
+    write_examples(examples, 24, seed=3)
+    config = config_for(tmp_path, target_dir, storage="int8", shard_tokens=256)
+    lines: list[str] = []
+
+    def run_once():
+        body = stage_body(config, examples, report=lines.append)
+        return run_stage(work_dir=tmp_path, stage="hidden_states", key="k", code_hash="c",
+                         config={}, upstream=[], body=body, resume_partial=True,
+                         warn=lines.append)  # fmt: skip
+
+    first = run_once()
+    folder = tmp_path / "hidden_states" / "k"
+    written = {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*.safetensors")}
+    (folder / "manifest.json").unlink()
+    lines.clear()
+    second = run_once()
+    assert second.output_hash() == first.output_hash()
+    assert {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*.safetensors")} == written
+    said = [line for line in lines if "manifest.json" in line]
+    assert said and "carrying on from its files" in said[0] and str(folder) in said[0]

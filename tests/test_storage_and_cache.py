@@ -276,3 +276,25 @@ def test_throttle_reports_at_most_every_interval_and_always_when_forced():
         now[0] = t
         ticks.append(throttle.ready(force=t == 11.0))
     assert ticks == [True, False, False, True, False, True, True]
+
+
+def test_a_folder_without_its_manifest_is_never_rebuilt_silently(tmp_path):
+    """A resumable stage carries on from the files of a folder whose manifest was deleted; a
+    stage that cannot resume runs again; both say why."""
+    seen: list[list[str]] = []
+
+    def body(folder):
+        seen.append(sorted(p.name for p in folder.iterdir()))
+        (folder / "out.txt").write_text("hello")
+        return StageOutput(counts={}, info={})
+
+    for resumable, expected_files, said in ((True, ["out.txt"], "carrying on"),
+                                            (False, [], "runs again")):  # fmt: skip
+        work = tmp_path / str(resumable)
+        run_simple(work, body, resume_partial=resumable)
+        (work / "demo" / "k1" / "manifest.json").unlink()
+        warnings: list[str] = []
+        run_simple(work, body, resume_partial=resumable, warn=warnings.append)
+        assert seen[-1] == expected_files
+        assert len(warnings) == 1 and said in warnings[0] and "manifest.json" in warnings[0]
+        assert read_manifest(work / "demo" / "k1") is not None

@@ -97,3 +97,27 @@ def test_disk_full_in_generate_and_in_hidden_states_fails_clearly_then_resumes(
     finally:
         unmount(hidden_dir)
         unmount(generate_dir)
+
+
+def test_disk_full_in_train_ends_on_the_line_that_names_the_folder(
+    tmp_path, fixture_model_dir, sample_data_dir
+):
+    """Issue 40: a full disk during train ended on a bare `OSError [Errno 28]`, though the stage
+    had raised the DiskFullError naming its folder. The last `error:` line is that one."""
+    work_dir = tmp_path / "work"
+    train_dir = work_dir / "train"
+    config = tmp_path / "config.yaml"
+    config.write_text("name: disk-full-train\n")
+    args = ["run", str(config), "--until", "train"]
+    for override in small_run_overrides(work_dir, fixture_model_dir, sample_data_dir):
+        args += ["--set", override]
+    mount_tmpfs(train_dir, "24k")
+    try:
+        result = run_cli(args, cwd=tmp_path)
+        assert result.returncode != 0, "a draft fit in 24 KiB?"
+        [error] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert "No space left on device while writing" in error, output(result)
+        assert str(train_dir) in error, error
+        assert not finished(train_dir), "a stage that ran out of disk was taken as done"
+    finally:
+        unmount(train_dir)
