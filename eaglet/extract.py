@@ -547,6 +547,27 @@ _SPAN_STYLE = {
 }
 
 
+def loss_mask_spans(
+    example: Example, tokenizer, reasoning_format: ReasoningFormat, end_ids: set[int]
+) -> list[dict[str, Any]]:
+    """The sequence as spans: kind (prompt, reasoning, content, ...), label (masked or
+    trained:...), [start, end) positions, and text."""
+    prompt_length = len(example.input_ids) - sum(example.loss_mask)
+    output_ids = example.input_ids[prompt_length:]
+    parts = [("prompt", example.input_ids[:prompt_length])]
+    parts += [(part.kind, part.ids) for part in reasoning_format.split(output_ids, end_ids).parts]
+    spans, position = [], 0
+    for kind, ids in parts:
+        mask_values = set(example.loss_mask[position : position + len(ids)])
+        assert mask_values <= ({0} if kind == "prompt" else {1}), "mask disagrees with span"
+        spans.append({
+            "kind": kind, "label": _SPAN_STYLE[kind][0], "start": position,
+            "end": position + len(ids), "text": tokenizer.decode(ids),
+        })  # fmt: skip
+        position += len(ids)
+    return spans
+
+
 def render_loss_mask(
     example: Example,
     tokenizer,
@@ -555,23 +576,15 @@ def render_loss_mask(
     color: bool = False,
 ) -> str:
     """The sequence with masked and trained spans marked, reasoning and answer told apart."""
-    prompt_length = len(example.input_ids) - sum(example.loss_mask)
-    output_ids = example.input_ids[prompt_length:]
-    spans = [("prompt", example.input_ids[:prompt_length])]
-    spans += [(part.kind, part.ids) for part in reasoning_format.split(output_ids, end_ids).parts]
+    trained = sum(example.loss_mask)
     lines = [
         f"sample {example.sample_id} ({example.source}) finish={example.finish_reason} "
         f"flags={example.flags}",
-        f"{len(example.input_ids)} tokens: {prompt_length} masked, "
-        f"{sum(example.loss_mask)} trained",
+        f"{len(example.input_ids)} tokens: {len(example.input_ids) - trained} masked, "
+        f"{trained} trained",
     ]
-    position = 0
-    for kind, ids in spans:
-        label, ansi = _SPAN_STYLE[kind]
-        mask_values = set(example.loss_mask[position : position + len(ids)])
-        assert mask_values <= ({0} if kind == "prompt" else {1}), "mask disagrees with span"
-        text = tokenizer.decode(ids)
-        shown = f"\x1b[{ansi}m{text}\x1b[0m" if color else text
-        lines.append(f"[{label} {position}:{position + len(ids)}] {shown}")
-        position += len(ids)
+    for span in loss_mask_spans(example, tokenizer, reasoning_format, end_ids):
+        ansi = _SPAN_STYLE[span["kind"]][1]
+        shown = f"\x1b[{ansi}m{span['text']}\x1b[0m" if color else span["text"]
+        lines.append(f"[{span['label']} {span['start']}:{span['end']}] {shown}")
     return "\n".join(lines)

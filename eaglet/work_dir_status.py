@@ -11,7 +11,16 @@ from typing import Any
 
 from eaglet.draft.sampled import sampled_summary
 from eaglet.records.io import record_file_problems
-from eaglet.stages import EXAMPLES_FILE, QUALITY_FILE, REPORT_FILE, STAGE, STAGES
+from eaglet.stages import (
+    EXAMPLES_FILE,
+    FAILED_FILE,
+    GENERATIONS_FILE,
+    QUALITY_FILE,
+    REJECTED_FILE,
+    REPORT_FILE,
+    STAGE,
+    STAGES,
+)
 from eaglet.storage import PARTIAL_SUFFIX, Manifest, ManifestError, read_manifest, verify_files
 
 
@@ -56,12 +65,16 @@ def stage_status(
     if chosen is None and complete:
         chosen = max(complete, key=lambda m: m.finished)
     newest_partial = max(partials, key=lambda p: p.stat().st_mtime, default=None)
-    # The folder the last run used wins; a newer partial folder only where no run names one.
+    wanted_partial = next((p for p in partials if p.name == f"{wanted}{PARTIAL_SUFFIX}"), None)
+    # The folder the last run used wins: complete, or partial where it stopped in this stage.
+    # A partial folder no run names (a stray one) never hides a complete folder: it is listed.
     used = chosen is not None and chosen.key == wanted
-    if newest_partial is not None and (
-        chosen is None or (not used and newest_partial.stat().st_mtime > chosen.finished)
-    ):
-        key = newest_partial.name[: -len(PARTIAL_SUFFIX)]
+    shown_partial = wanted_partial if not used else None
+    if chosen is None and shown_partial is None:
+        shown_partial = newest_partial
+    if shown_partial is not None:
+        key = shown_partial.name[: -len(PARTIAL_SUFFIX)]
+        newest_partial = shown_partial
         return {
             "status": "partial",
             "key": key,
@@ -79,6 +92,7 @@ def stage_status(
     records = STAGE[stage].records_file
     if verify == "full" and not problems and records and (stage_path / records).is_file():
         problems = record_file_problems(stage_path / records, chosen.counts.get("records"))
+    others = sorted(str(p.resolve()) for p in partials)
     return {
         "status": "corrupt" if problems else "complete",
         "key": chosen.key,
@@ -87,6 +101,7 @@ def stage_status(
         "counts": chosen.counts,
         "finished": chosen.finished,
         **({"problems": problems} if problems else {}),
+        **({"partial_folders": others} if others else {}),
     }
 
 
@@ -146,34 +161,97 @@ def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
     }
 
 
-def show_sample(report: dict[str, Any], sample_id: str) -> int:
-    """Print one example with its loss mask: what the draft is trained on, span by span."""
+def _lines_about(path: Path, sample_id: str) -> list[dict[str, Any]]:
+    """The JSON lines of `path` whose sample_id is `sample_id` (none when it is missing)."""
+    if not path.is_file():
+        return []
+    found = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if sample_id in line:  # cheap filter before parsing
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(entry, dict) and entry.get("sample_id") == sample_id:
+                    found.append(entry)
+    return found
+
+
+def why_no_example(report: dict[str, Any], sample_id: str) -> str:
+    """Why the extract stage holds no example for `sample_id`: which stage left it out and the
+    reason it recorded, read from that stage's files."""
+    stages = report["stages"]
+
+    def folder(stage: str) -> Path | None:
+        status = stages[stage]
+        return Path(status["path"]) if status["status"] == "complete" else None
+
+    for stage in ("download", "tokenize"):
+        if (where := folder(stage)) is not None:
+            for entry in _lines_about(where / REJECTED_FILE, sample_id):
+                return (
+                    f"the {stage} stage left it out ({entry.get('kind', 'rejected')}): "
+                    f"{entry.get('why', '')} (see {where / REJECTED_FILE})"
+                )
+    if (where := folder("generate")) is not None:
+        for entry in _lines_about(where / FAILED_FILE, sample_id):
+            return (
+                f"the generate stage gave up on it after {entry.get('attempts', 1)} attempts: "
+                f"{entry.get('message', '')} (see {where / FAILED_FILE}; `eaglet run CONFIG "
+                "--retry-failed` sends it again)"
+            )
+        for entry in _lines_about(where / GENERATIONS_FILE, sample_id):
+            if entry.get("finish_reason") == "loop":
+                return (
+                    "the loop guard stopped its answer (finish_reason loop) and extract drops "
+                    "such rows (reasoning.looped_rows: drop)"
+                )
+            return f"it is in {where / GENERATIONS_FILE} but extract wrote no example for it"
+        return f"no sample with this id reached the generate stage ({where / GENERATIONS_FILE})"
+    return "no sample with this id in this work dir's finished stages"
+
+
+def show_sample(report: dict[str, Any], sample_id: str, as_json: bool = False) -> int:
+    """Print one example with its loss mask (what the draft is trained on, span by span), or
+    why there is none; `as_json` prints one JSON object either way."""
     from eaglet.config import TargetConfig
-    from eaglet.extract import render_loss_mask
+    from eaglet.extract import loss_mask_spans, render_loss_mask
     from eaglet.reasoning import detect_format
     from eaglet.records.examples import Example
     from eaglet.records.io import read_jsonl
     from eaglet.target import end_token_ids, load_tokenizer
 
+    def refuse(why: str) -> int:
+        if as_json:
+            print(json.dumps({"sample_id": sample_id, "found": False, "why": why}, indent=2))
+        else:
+            print(why, file=sys.stderr)
+        return 2
+
     extract = report["stages"]["extract"]
     if extract["status"] != "complete":
-        print("the extract stage is not complete in this work dir", file=sys.stderr)
-        return 2
-    manifest = read_manifest(Path(extract["path"]))
-    example = next(
-        (
-            e
-            for e in read_jsonl(Path(extract["path"]) / EXAMPLES_FILE, Example)
-            if e.sample_id == sample_id
-        ),
-        None,
-    )
+        return refuse("the extract stage is not complete in this work dir")
+    examples_path = Path(extract["path"]) / EXAMPLES_FILE
+    examples = read_jsonl(examples_path, Example)
+    example = next((e for e in examples if e.sample_id == sample_id), None)
     if example is None:
-        print(f"no example with sample_id {sample_id} in {extract['path']}", file=sys.stderr)
-        return 2
+        why = why_no_example(report, sample_id)
+        return refuse(f"no example with sample_id {sample_id} in {examples_path}: {why}")
+    manifest = read_manifest(Path(extract["path"]))
     target = TargetConfig(model=manifest.info["target_model"])
     tokenizer = load_tokenizer(target)
     reasoning_format = detect_format(tokenizer, manifest.config["reasoning"]["format"])
     end_ids = set(end_token_ids(target, tokenizer))
+    if as_json:
+        spans = loss_mask_spans(example, tokenizer, reasoning_format, end_ids)
+        shown = {
+            "sample_id": sample_id, "found": True, "source": example.source,
+            "finish_reason": example.finish_reason, "flags": example.flags,
+            "tokens": len(example.input_ids), "trained_tokens": sum(example.loss_mask),
+            "spans": spans,
+        }  # fmt: skip
+        print(json.dumps(shown, indent=2, ensure_ascii=False))
+        return 0
     print(render_loss_mask(example, tokenizer, reasoning_format, end_ids, sys.stdout.isatty()))
     return 0

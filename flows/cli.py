@@ -304,7 +304,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return 2
     report = inspect_work_dir(work_dir, "full" if args.verify else "size")
     if args.sample is not None:
-        return show_sample(report, args.sample)
+        return show_sample(report, args.sample, args.json)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
         return 0
@@ -316,6 +316,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         )
         for problem in figures.get("problems", []):
             print(f"      {problem}")
+        for other in figures.get("partial_folders", []):
+            print(f"      also an unfinished folder no finished run used: {other}")
         if figures["status"] == "corrupt":
             print(f"      rebuild it: eaglet run CONFIG --refresh-from {stage}")
     quality = report["quality"]

@@ -60,6 +60,20 @@ def test_demo_runs_every_stage_then_reruns_fully_cached(tmp_path):
     assert training["hidden_states_mode"] == "offline" and training["feature_bytes_stored"] > 0
     assert "offline hidden states" in (work_dir / "run_report.md").read_text()
 
+    # one example's loss mask as JSON; a sample the loop guard dropped says so
+    examples = Path(stages["extract"]["path"]) / "examples.jsonl"
+    first_id = json.loads(examples.read_text().splitlines()[0])["sample_id"]
+    shown = run_cli(["inspect", str(work_dir), "--sample", first_id, "--json"], cwd=tmp_path)
+    example = json.loads(shown.stdout)
+    assert example["found"] and 0 < example["trained_tokens"] < example["tokens"], example
+    assert example["spans"][0]["kind"] == "prompt" and example["spans"][-1]["end"] == len(
+        json.loads(examples.read_text().splitlines()[0])["input_ids"]
+    )
+    looped = report["quality"]["example_ids_by_flag"]["looped"]
+    assert looped, "the demo's fixture loops on some prompt"
+    dropped = run_cli(["inspect", str(work_dir), "--sample", looped[0]], cwd=tmp_path)
+    assert dropped.returncode == 2 and "the loop guard stopped its answer" in dropped.stderr
+
 
 def copy_project(destination: Path) -> Path:
     for part in ("eaglet", "eaglet_prefect", "tasks", "flows"):

@@ -662,3 +662,79 @@ def test_the_download_warning_names_rejected_jsonl_in_the_finished_folder(tmp_pa
     write_samples([spec(first)], partial / "samples.jsonl", partial / "rejected.jsonl", said.append)
     [warning] = [line for line in said if "left out" in line]
     assert str(tmp_path / "d1" / "rejected.jsonl") in warning and ".partial" not in warning
+
+
+def test_inspect_lists_a_stray_partial_beside_the_complete_folder_no_run_names(tmp_path, capsys):
+    """Issue 40: with no run naming the stage (a run --until an earlier stage, or killed), a
+    newer stray `.partial` hid the complete train folder. It is listed beside it now."""
+    from eaglet_prefect.flows.cli import main
+
+    work_dir = tmp_path / "work"
+    finished_stage(work_dir, "train", "t1")
+    (work_dir / "run.json").write_text(json.dumps({"stages": {}}))
+    (work_dir / "train" / "t2.partial").mkdir()
+    main(["inspect", str(work_dir), "--json"])
+    train = json.loads(capsys.readouterr().out)["stages"]["train"]
+    assert train["status"] == "complete" and train["key"] == "t1"
+    assert train["partial_folders"] == [str((work_dir / "train" / "t2.partial").resolve())]
+    main(["inspect", str(work_dir)])
+    assert "also an unfinished folder no finished run used" in capsys.readouterr().out
+
+
+def _stage_with(work_dir: Path, stage: str, key: str, files: dict[str, list[dict]]) -> None:
+    from eaglet.storage import StageOutput, run_stage
+
+    def body(folder: Path) -> StageOutput:
+        for name, lines in files.items():
+            (folder / name).write_text("".join(json.dumps(line) + "\n" for line in lines))
+        return StageOutput(counts={"records": 0}, info={})
+
+    run_stage(work_dir=work_dir, stage=stage, key=key, code_hash="c", config={}, upstream=[],
+              body=body)  # fmt: skip
+
+
+def test_inspect_sample_says_which_stage_left_a_sample_out_and_why(tmp_path, capsys):
+    """Issue 40: `--sample ID` on a sample that tokenize rejected or the loop guard dropped said
+    only "no example"; `--json` printed text. Each now names the stage and its reason, and
+    `--json` prints one JSON object."""
+    from eaglet_prefect.flows.cli import main
+
+    work_dir = tmp_path / "work"
+    _stage_with(
+        work_dir,
+        "download",
+        "d",
+        {
+            "rejected.jsonl": [
+                {"sample_id": "dup", "kind": "duplicate", "why": "the same conversation as row 3"}
+            ]
+        },
+    )
+    _stage_with(
+        work_dir,
+        "tokenize",
+        "t",
+        {
+            "rejected.jsonl": [
+                {"sample_id": "long", "kind": "too_long", "why": "9000 tokens > max_prompt_tokens"}
+            ]
+        },
+    )
+    _stage_with(work_dir, "generate", "g", {
+        "generations.jsonl": [{"sample_id": "spin", "finish_reason": "loop"}],
+        "failed.jsonl": [{"sample_id": "gone", "message": "HTTP 500", "attempts": 3}],
+    })  # fmt: skip
+    _stage_with(work_dir, "extract", "e", {"examples.jsonl": []})
+    expected = {
+        "dup": "the download stage left it out (duplicate): the same conversation as row 3",
+        "long": "the tokenize stage left it out (too_long): 9000 tokens > max_prompt_tokens",
+        "spin": "the loop guard stopped its answer",
+        "gone": "the generate stage gave up on it after 3 attempts: HTTP 500",
+        "nobody": "no sample with this id reached the generate stage",
+    }
+    for sample_id, why in expected.items():
+        assert main(["inspect", str(work_dir), "--sample", sample_id]) == 2
+        assert why in capsys.readouterr().err, sample_id
+        assert main(["inspect", str(work_dir), "--sample", sample_id, "--json"]) == 2
+        shown = json.loads(capsys.readouterr().out)
+        assert shown["found"] is False and why in shown["why"], shown
