@@ -31,6 +31,7 @@ from eaglet_prefect.flows.prefect_server import (
     SERVER_WAIT_S,
     TemporaryPrefectServer,
     profile_api_url,
+    server_wait_s,
     wait_for_server,
 )
 
@@ -352,10 +353,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     api_url = os.environ.get("PREFECT_API_URL") or profile_api_url()
-    if api_url and not wait_for_server(api_url, SERVER_WAIT_S):
+    wait_s = server_wait_s(api_url) if api_url else 0
+    if api_url and not wait_for_server(api_url, wait_s):
+        starting = "" if wait_s == SERVER_WAIT_S else " (and no process here is starting one)"
         print(
             f"error: no Prefect server answers at PREFECT_API_URL={api_url} after "
-            f"{SERVER_WAIT_S} s: start one (`prefect server start`) or fix the URL",
+            f"{wait_s:.0f} s{starting}: start one (`prefect server start`) or fix the URL",
             file=sys.stderr,
         )
         return 2

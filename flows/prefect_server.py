@@ -160,6 +160,41 @@ def profile_api_url() -> str | None:
 
 # `eaglet serve` right after `prefect server start --background`: the server needs seconds.
 SERVER_WAIT_S = 120
+# ... but where nothing on this machine is starting one, a loopback URL gets this long.
+NO_SERVER_STARTING_WAIT_S = 5
+
+
+def prefect_server_starting(proc: Path = Path("/proc")) -> bool | None:
+    """Whether a `prefect server start` (or Prefect's API app, `prefect.server...`, under
+    uvicorn) runs on this machine; None where /proc cannot say."""
+    if not proc.is_dir():
+        return None
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        cli = any(
+            a.endswith(b"prefect") and b == b"server"
+            for a, b in zip(words, words[1:], strict=False)
+        )
+        if cli or any(word.startswith(b"prefect.server") for word in words):
+            return True  # `prefect server start`, or its API app under uvicorn
+    return False
+
+
+def server_wait_s(api_url: str) -> float:
+    """How long `eaglet serve` waits for `api_url`: long where a server may still be starting,
+    a few seconds for a loopback URL no process on this machine is starting a server for."""
+    from urllib.parse import urlparse
+
+    host = urlparse(api_url).hostname or ""
+    loopback = host in ("localhost", "::1") or host.startswith("127.")
+    if loopback and prefect_server_starting() is False:
+        return NO_SERVER_STARTING_WAIT_S
+    return SERVER_WAIT_S
 
 
 def wait_for_server(api_url: str, timeout_s: float) -> bool:
@@ -178,6 +213,7 @@ def wait_for_server(api_url: str, timeout_s: float) -> bool:
         if time.monotonic() > deadline:
             return False
         if not said:
-            print(f"waiting for the Prefect server at {api_url} ...", flush=True)
+            print(f"waiting up to {timeout_s:.0f} s for the Prefect server at {api_url} ...",
+                  flush=True)  # fmt: skip
             said = True
         time.sleep(1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +75,39 @@ def test_extract_with_every_answer_dropped_by_the_loop_guard_fails_naming_why():
     message = str(raised.value)
     assert "no training examples" in message and "loop guard stopped all 30" in message
     assert "reasoning.looped_rows" in message and "a1" in message
+
+
+def test_serve_with_a_dead_loopback_api_url_says_so_in_seconds(tmp_path, monkeypatch, capsys):
+    """Issue 40: `eaglet serve` with PREFECT_API_URL at nothing waited 120 s before saying so.
+    Where no process on this machine is starting a Prefect server, a loopback URL gets 5 s."""
+    import time
+
+    from eaglet.vllm_process import free_port
+    from eaglet_prefect.flows import cli, prefect_server
+
+    monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{free_port()}/api")
+    # other tests of this suite may be running a Prefect server on this machine meanwhile
+    monkeypatch.setattr(prefect_server, "prefect_server_starting", lambda: False)
+    started = time.monotonic()
+    assert cli.main(["serve"]) == 2
+    assert time.monotonic() - started < 60  # not the 120 s a starting server gets
+    err = capsys.readouterr().err
+    assert "no Prefect server answers" in err and "no process here is starting one" in err
+
+
+def test_a_starting_prefect_server_is_recognised_by_its_command_line(tmp_path):
+    from eaglet_prefect.flows.prefect_server import prefect_server_starting
+
+    def proc_with(*commands: list[str]) -> Path:
+        root = tmp_path / str(len(list(tmp_path.iterdir())))
+        for pid, words in enumerate(commands, start=1):
+            (root / str(pid)).mkdir(parents=True)
+            (root / str(pid) / "cmdline").write_bytes(b"\0".join(w.encode() for w in words))
+        return root
+
+    pytest_run = ["python", "-m", "pytest", "tests/test_prefect_server.py", "-k", "server"]
+    assert prefect_server_starting(proc_with(pytest_run)) is False
+    assert prefect_server_starting(proc_with(["/v/bin/prefect", "server", "start"])) is True
+    uvicorn = ["python", "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app"]
+    assert prefect_server_starting(proc_with(pytest_run, uvicorn)) is True
+    assert prefect_server_starting(tmp_path / "no-proc") is None
