@@ -8,7 +8,8 @@ today's: the same tree twice, differing only in `eaglet/cpu_threads.py`.
    hidden-state shards (`--work-dir`, default runs/demo: run `make demo` first), into a fresh
    folder, timed end to end (training, export, plot) in a fresh process per measurement.
 3. The fast suite (`make test-fast`'s selection, 2 pytest-xdist workers, the `serial` part
-   left out), timed by wall clock; `--skip-suite` leaves it out.
+   left out, and tests/test_cpu_threads.py: it tests today's module), timed by wall clock;
+   `--skip-suite` leaves it out.
 4. Rounds: before and after alternate (the order rotated each round), `--repeats` rounds;
    medians with (lowest-highest); after/before ratios. Load averages (1, 5, 15 min) printed
    before and after each measurement: nothing else should run meanwhile.
@@ -108,7 +109,7 @@ def time_suite(tree: Path, fixture: Path) -> tuple[float, str]:
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
-         "--dist", "loadfile", "-m", SUITE],
+         "--dist", "loadfile", "-m", SUITE, "--ignore", "tests/test_cpu_threads.py"],
         cwd=tree, env=environment(tree, fixture), capture_output=True, text=True,
     )  # fmt: skip
     seconds = time.perf_counter() - started

@@ -6,6 +6,10 @@ form of the settings most runs change) and generation alone.
 Runs started from the Prefect UI or API execute in this process. For a work pool setup use
 `deployments/prefect.yaml` instead.
 
+Each deployment runs one flow run at a time: a second one (a double click, a schedule firing
+during a manual run) waits in AwaitingConcurrencySlot and starts when the first ends, instead
+of failing on the work-dir lock.
+
 Schedules added in the UI outlive a restart: serving registers each deployment anew, which
 may replace its schedules with the ones given (none), so the schedules the server holds for it
 are read first and given back.
@@ -16,11 +20,15 @@ from __future__ import annotations
 from prefect import serve
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import DeploymentScheduleCreate
+from prefect.client.schemas.objects import ConcurrencyLimitConfig
 from prefect.exceptions import ObjectNotFound
 
 from eaglet.cache import pipeline_code_version
 from eaglet_prefect.flows.pipeline import pipeline
 from eaglet_prefect.flows.short_form import short_form
+
+# Runs of one deployment write the same work dir (its lock admits one): queue, never collide.
+ONE_RUN_AT_A_TIME = ConcurrencyLimitConfig(limit=1, collision_strategy="ENQUEUE")
 
 
 def existing_schedules(
@@ -54,6 +62,7 @@ def main() -> None:
             tags=["eaglet"],
             version=version,
             schedules=existing_schedules("pipeline"),
+            concurrency_limit=ONE_RUN_AT_A_TIME,
         ),
         short_form.to_deployment(
             name="pipeline-short-form",
@@ -63,6 +72,7 @@ def main() -> None:
             tags=["eaglet"],
             version=version,
             schedules=existing_schedules("pipeline-short-form", short_form.name),
+            concurrency_limit=ONE_RUN_AT_A_TIME,
         ),
         pipeline.to_deployment(
             name="generate-only",
@@ -71,6 +81,7 @@ def main() -> None:
             tags=["eaglet", "generation"],
             version=version,
             schedules=existing_schedules("generate-only"),
+            concurrency_limit=ONE_RUN_AT_A_TIME,
         ),
     )
 

@@ -133,6 +133,18 @@ def _canary_config(config: PipelineConfig, n: int) -> PipelineConfig:
     return config.model_copy(update={"generation": generation})
 
 
+def repeated_tail_token(generations: list[Generation], tail: int = 16) -> int | None:
+    """The token every answer ends in, `tail` times over (a degenerate target: token 0
+    forever, say); None when any answer ends otherwise or is shorter."""
+    ends = set()
+    for generation in generations:
+        last = generation.output_ids[-tail:]
+        if len(last) < tail or len(set(last)) != 1:
+            return None
+        ends.add(last[0])
+    return ends.pop() if len(ends) == 1 else None
+
+
 def systematic(count: int, judged: int) -> bool:
     """A problem shown by more than `SYSTEMATIC_SHARE` of the answers judged is the setup's."""
     return judged > 0 and count > SYSTEMATIC_SHARE * judged
@@ -395,8 +407,32 @@ class _ReasoningCheck:
         return True
 
     def _none_finished(self) -> None:
-        """No answer ended before the token limit: a warning at the canary's own limit, a
-        failure at the run's."""
+        """No answer ended: stopped by the loop guard, or degenerate (one token over and over)
+        whatever the limit, a failure that says a longer limit will not help; otherwise cut at
+        the token limit, a warning at the canary's own limit and a failure at the run's."""
+        looped = [g for g in self.generations if g.finish_reason == "loop"]
+        repeated = repeated_tail_token(self.generations)
+        if looped or repeated is not None:
+            lengths = sorted(len(g.output_ids) for g in (looped or self.generations))
+            how = (
+                f"{len(looped)} of {len(self.generations)} answers were stopped by the loop "
+                f"guard (finish_reason loop, after {lengths[0]}-{lengths[-1]} tokens)"
+                if looped
+                else f"all {len(self.generations)} answers ran to the token limit"
+            )
+            if repeated is not None:
+                how += (
+                    f"; they end in token {repeated} ({self.tokenizer.decode([repeated])!r}) "
+                    "over and over"
+                )
+            self.report.failures.append(
+                f"no answer finished: {how}, so the closing {THINK_CLOSE} cannot be checked. "
+                "A longer generation.max_tokens will not help: the target repeats itself. "
+                "Check the target's weights and target.dtype, the chat template "
+                "(tokenize.chat_template_kwargs) and the sampling (generation.temperature); "
+                "generation.loop_ngram and loop_repeats set when the loop guard stops"
+            )
+            return
         if self.capped:
             self.report.warnings.append(
                 f"all {len(self.generations)} answers reached the canary's "

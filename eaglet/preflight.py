@@ -48,7 +48,12 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 
 class PreflightError(PermanentError, RuntimeError):
-    """The config cannot run; the message lists every problem and its fix."""
+    """The config cannot run; the message lists every problem and its fix (`problems`: each
+    in one line)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = list(problems) if problems else [message]
 
 
 @dataclass
@@ -78,7 +83,8 @@ class PreflightReport:
             raise PreflightError(
                 "preflight found problems the config already shows (nothing was run):\n  "
                 + "\n  ".join(self.problems)
-                + "\n(`eaglet doctor CONFIG` runs the same checks)"
+                + "\n(`eaglet doctor CONFIG` runs the same checks)",
+                self.problems,
             )
 
 
@@ -307,12 +313,20 @@ def check_weights(folder: Path, report: PreflightReport) -> None:
 
 def hub_lookup_problem(model: str, revision: str | None) -> str | None:
     """Why the hub id `model` cannot be used (not found, hub unreachable and not cached), or
-    None when it can. Offline mode (HF_HUB_OFFLINE) trusts the local cache."""
+    None when it can. Offline mode (HF_HUB_OFFLINE) looks in the local cache only."""
     import huggingface_hub
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
-        return None  # loading reads the cache only, and says so quickly when it is not there
+        cached = huggingface_hub.try_to_load_from_cache(model, "config.json", revision=revision)
+        if isinstance(cached, str):
+            return None
+        return (
+            f"target.model={model!r}: no such local folder, and HF_HUB_OFFLINE is set while no "
+            "copy of this hub model is in the local cache: download it first on a machine "
+            "that reaches the hub (a gated model such as Llama needs access granted and "
+            "HF_TOKEN), or set target.model to the folder that holds the model"
+        )
     try:
         huggingface_hub.model_info(model, revision=revision, timeout=HUB_TIMEOUT_S)
         return None
@@ -327,6 +341,28 @@ def hub_lookup_problem(model: str, revision: str | None) -> str | None:
         )
 
 
+def dataset_cached(path: str, revision: str | None) -> bool:
+    """Whether a copy of the hub dataset `path` is on this machine: a snapshot in the hub's
+    cache, or a prepared copy in datasets' own cache (`HF_DATASETS_CACHE`), which
+    `load_dataset` reads offline."""
+    import huggingface_hub
+
+    try:
+        huggingface_hub.snapshot_download(
+            path, repo_type="dataset", revision=revision, local_files_only=True
+        )
+        return True
+    except Exception:
+        pass
+    try:
+        from datasets import config as datasets_config
+
+        cache = Path(datasets_config.HF_DATASETS_CACHE)
+    except Exception:
+        return False
+    return (cache / path.replace("/", "___")).is_dir()
+
+
 def hub_dataset_problem(key: str, path: str, revision: str | None) -> str | None:
     """Why the hub dataset `path` cannot be read (not found, or the hub unreachable and no
     cached copy), in one look of HUB_TIMEOUT_S; None when it can. Offline mode trusts the
@@ -335,18 +371,20 @@ def hub_dataset_problem(key: str, path: str, revision: str | None) -> str | None
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
-        return None
+        if dataset_cached(path, revision):
+            return None
+        return (
+            f"{key}: {path!r} is no local file, and HF_HUB_OFFLINE is set while no copy of "
+            "this hub dataset is in the local caches (the hub's and datasets'): unset "
+            "HF_HUB_OFFLINE on a machine that reaches the hub, or give a local "
+            ".json/.jsonl/.parquet file"
+        )
     try:
         huggingface_hub.dataset_info(path, revision=revision, timeout=HUB_TIMEOUT_S)
         return None
     except Exception as exc:
-        try:
-            huggingface_hub.snapshot_download(
-                path, repo_type="dataset", revision=revision, local_files_only=True
-            )
+        if dataset_cached(path, revision):
             return None  # cached: the download stage reads the copy
-        except Exception:
-            pass
         return (
             f"{key}: {path!r} is no local file, and as a hub dataset id it could not be found "
             f"({_first_line(exc)}): give a local .json/.jsonl/.parquet file, or check the id, "
@@ -397,6 +435,20 @@ def _locate_target(config: PipelineConfig, report: PreflightReport) -> bool:
     return True
 
 
+def config_advice(exc: Exception) -> str:
+    """What to do about a target config transformers could not load, from what it said: a
+    model type it does not know (custom code), access (gated, token), or a damaged file."""
+    text = str(exc)
+    if "trust_remote_code" in text or "model type" in text or "model_type" in text:
+        return (
+            "its model type needs code from the model's repository: set "
+            "target.trust_remote_code: true if you trust it, or upgrade transformers"
+        )
+    if any(word in text for word in ("gated", "401", "403", "Unauthorized", "restricted")):
+        return "the model is gated: request access on the hub and set HF_TOKEN"
+    return "is the file damaged, or the folder not a transformers model folder?"
+
+
 def load_target(config: PipelineConfig, report: PreflightReport) -> None:
     """The tokenizer and transformers config of the target, into the report; problems name
     `target.model` and say what is missing."""
@@ -412,8 +464,8 @@ def load_target(config: PipelineConfig, report: PreflightReport) -> None:
             report.model_config = load_config(config.target)
         except Exception as exc:
             report.problems.append(
-                f"target.model: its config.json could not be read ({_first_line(exc)}): is "
-                "target.trust_remote_code needed, or is the file damaged?"
+                f"target.model: its config.json could not be read ({_first_line(exc)}): "
+                + config_advice(exc)
             )
             return
     try:
@@ -774,23 +826,33 @@ def _vllm_endpoint_problem(setting: str, url: str) -> str | None:
     return None
 
 
-def _spec_decode_metrics_problem(setting: str, url: str) -> str | None:
-    """Why `url` cannot give served τ: no Prometheus `/metrics` with vLLM's counters (an
-    OpenAI-compatible server that is not vLLM answers /v1/models too)."""
+def _not_vllm_problem(setting: str, url: str, needed: str, instead: str) -> str | None:
+    """Why `url` is not vLLM: no Prometheus `/metrics` with vLLM's `vllm:` series (any
+    OpenAI-compatible server answers /v1/models too). `needed` says what needs vLLM,
+    `instead` what to do."""
     import httpx
 
     try:
         response = httpx.get(f"{url}/metrics", timeout=ENDPOINT_TIMEOUT_S)
     except httpx.HTTPError as exc:
-        return f"{setting}: GET {url}/metrics failed ({_first_line(exc)}): served τ needs it"
+        return f"{setting}: GET {url}/metrics failed ({_first_line(exc)}): {needed}"
     if response.status_code != 200 or "vllm:" not in response.text:
         return (
-            f"{setting}: {url} answers /v1/models but its /metrics (HTTP "
-            f"{response.status_code}) has no vLLM counters: served τ is read from vLLM's "
-            "spec-decode counters; point it at a vLLM server started with the draft, or set "
-            "evaluate.serving: none"
+            f"{setting}: {url} answers /v1/models but is not vLLM (its /metrics, HTTP "
+            f"{response.status_code}, has no vLLM counters): {needed}; {instead}"
         )
     return None
+
+
+SERVED_TAU_NEEDS = "served τ is read from vLLM's spec-decode counters"
+SERVED_TAU_INSTEAD = (
+    "point it at a vLLM server started with the draft, or set evaluate.serving: none"
+)
+HIDDEN_STATES_NEED = "hidden states come from vLLM's extract_hidden_states connector"
+HIDDEN_STATES_INSTEAD = (
+    "point it at a vLLM server started with eaglet's server_args, or set "
+    "hidden_states.vllm_python so that eaglet starts one"
+)
 
 
 def _tcp_problem(setting: str, address: str) -> str | None:
@@ -833,7 +895,9 @@ def check_endpoints(config: PipelineConfig, report: PreflightReport) -> None:
     for setting, url in wanted:
         problem = _vllm_endpoint_problem(setting, url)
         if problem is None and setting == "evaluate.serving_endpoint":
-            problem = _spec_decode_metrics_problem(setting, url)
+            problem = _not_vllm_problem(setting, url, SERVED_TAU_NEEDS, SERVED_TAU_INSTEAD)
+        elif problem is None:
+            problem = _not_vllm_problem(setting, url, HIDDEN_STATES_NEED, HIDDEN_STATES_INSTEAD)
         if problem:
             report.problems.append(problem)
         else:

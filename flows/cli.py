@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import threading
@@ -39,6 +40,38 @@ from eaglet_prefect.flows.prefect_server import (
 WORK_DIR_LOCKED_EXIT = 75
 
 
+class _WithoutTraceback(logging.Formatter):
+    """Formats a record as `inner` does, leaving out its exception's traceback."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        if not record.exc_info and not record.exc_text:
+            return self.inner.format(record)
+        saved = record.exc_info, record.exc_text
+        record.exc_info, record.exc_text = None, None
+        try:
+            return self.inner.format(record)
+        finally:
+            record.exc_info, record.exc_text = saved
+
+
+def console_without_tracebacks() -> None:
+    """Prefect's console lines without tracebacks: a failed stage logs its error in one line,
+    and the CLI ends on eaglet's own `error:` line with what to do. The tracebacks stay in
+    the run's logs in the Prefect UI (its API handler is untouched); EAGLET_TRACEBACKS=1 shows
+    them here too."""
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", []):
+            if type(handler).__name__ != "PrefectConsoleHandler":
+                continue
+            if not isinstance(handler.formatter, _WithoutTraceback):
+                handler.setFormatter(_WithoutTraceback(handler.formatter or logging.Formatter()))
+
+
 def _run_pipeline(
     config: PipelineConfig, until: str, refresh_from: str | None, retry_failed: bool = False
 ) -> dict:
@@ -65,6 +98,9 @@ def _run_pipeline(
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from eaglet_prefect.flows.pipeline import pipeline
+
+    if not os.environ.get("EAGLET_TRACEBACKS"):
+        console_without_tracebacks()
 
     if server is not None and PREFECT_API_URL.value():  # a server set elsewhere (prefect.toml)
         server.stop()

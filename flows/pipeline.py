@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from prefect import Task, flow
@@ -24,6 +25,7 @@ from eaglet.run_report import (
 from eaglet.stage_reasons import plan_run
 from eaglet.stages import STAGE_LIST, STAGES, RefreshFrom, StageName
 from eaglet.storage import stage_dir
+from eaglet_prefect.flows.refusals import permanent_errors_without_tracebacks, refusals_reported
 from eaglet_prefect.tasks.caching import partial_folder, result_storage_path, stage_failure
 from eaglet_prefect.tasks.hidden_states import map_hidden_state_shards
 
@@ -35,6 +37,7 @@ def task_of_stage(stage: str) -> Task:
 
 
 TASKS: dict[str, Task] = {name: task_of_stage(name) for name in STAGES}
+permanent_errors_without_tracebacks()  # eaglet's deliberate failures: their message, once
 BETWEEN_STAGES = "the flow after"  # what an interrupt names once a stage has finished
 
 
@@ -125,7 +128,8 @@ def pipeline(
     """
     start_run()
     if config_path:
-        config = load_config(config_path)
+        with refusals_reported():
+            config = load_config(config_path)
     if plan_only:
         return publish_plan(config, until, refresh_from or None)
     return run_stages(config, config_path or None, until, refresh_from or None, retry_failed)
@@ -163,10 +167,13 @@ def run_stages(
 ) -> dict:
     """The flows' body: under the work dir's lock, the preflight, each stage up to `until`
     (`eaglet.stages`, each fed the outputs it reads), the run report."""
-    # One run per work dir: a second one (a double click, a schedule overlapping a run) fails
-    # here naming the holder; `eaglet run` took the lock already and takes it again.
-    with work_dir_lock.held(config.work_dir, flow_run=str(flow_run.id)):
-        preflight(config, until)  # what the config already shows fails here, before any stage
+    # One run per work dir: runs of one deployment queue (its concurrency limit); one from
+    # elsewhere is refused here naming the holder; `eaglet run` took the lock already and
+    # takes it again.
+    with ExitStack() as held:
+        with refusals_reported():  # a refusal: one line, the `run-refused` artifact
+            held.enter_context(work_dir_lock.held(config.work_dir, flow_run=str(flow_run.id)))
+            preflight(config, until)  # what the config already shows fails before any stage
         record = start_run_record(config, config_path, until, refresh_from)
         outputs: dict[str, dict] = {}  # each stage's manifest by its output name
         try:

@@ -13,6 +13,7 @@ from eaglet.config import load_config
 from eaglet.short_form import EngineChoice, ShortFormDataset, short_form_overrides
 from eaglet.stages import RefreshFrom, StageName
 from eaglet_prefect.flows.pipeline import run_label, run_stages, start_run
+from eaglet_prefect.flows.refusals import refusals_reported
 
 
 def short_form_run_name() -> str:
@@ -66,7 +67,8 @@ def short_form(
     overrides = short_form_overrides(
         target_model, datasets, engine, endpoints, served_model, epochs, work_dir
     )
-    config = load_config(config_path or None, overrides)
+    with refusals_reported():
+        config = load_config(config_path or None, overrides)
     print("short form over " + (config_path or "the demo's defaults") + ": " + " ".join(overrides))
     # the run's own WORK_DIR/config.yaml is its config file once the form changed the base
     config_file = None if overrides else (config_path or None)

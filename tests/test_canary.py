@@ -227,3 +227,31 @@ def server_fresh():
     fake = FakeServer(TOKENIZER)
     with serve(fake) as url:
         yield fake, url
+
+
+class TokenZeroForever(FakeServer):
+    """A degenerate target: token 0 until the limit, every prompt."""
+
+    def complete(self, prompt_ids, max_tokens):
+        return [0] * max_tokens, "length"
+
+
+def test_answers_the_loop_guard_stopped_are_not_told_to_raise_max_tokens():
+    """Issue 40: a server whose every answer the loop guard stopped (at 36 tokens), and a target
+    that emits token 0 forever, were told to "raise generation.max_tokens". A longer limit
+    cannot help either: the failure says the target repeats itself and what to check."""
+    with serve(FakeServer(TOKENIZER, loop_share=1.0)) as url:
+        config = make_config([url], max_tokens=4096, loop_ngram=4, loop_repeats=3)
+        report = run_canary(config, TOKENIZER, PROMPTS, engine_for(config))
+    assert not report.ok
+    [failure] = report.failures
+    assert "stopped by the loop guard (finish_reason loop" in failure, failure
+    assert "will not help" in failure and "raise generation.max_tokens" not in failure
+
+    with serve(TokenZeroForever(TOKENIZER)) as url:
+        config = make_config([url], max_tokens=64, loop_guard=False)
+        report = run_canary(config, TOKENIZER, PROMPTS, engine_for(config))
+    assert not report.ok
+    [failure] = report.failures
+    assert "end in token 0" in failure and "over and over" in failure, failure
+    assert "raise generation.max_tokens" not in failure

@@ -232,6 +232,42 @@ def test_api_runs_complete_then_come_back_cached(
     assert "| hidden_states | not requested |" in report
 
 
+def test_a_second_run_of_a_deployment_waits_for_the_first_then_completes(
+    served, tmp_path, fixture_model_dir, sample_data_dir
+):
+    """Issue 38: a double-clicked run, or a schedule firing during a manual run, failed red
+    on the work-dir lock. The deployment runs one at a time: the second waits in
+    AwaitingConcurrencySlot, then completes (its stages Cached: the same config)."""
+    client, deployment = served.client, served.deployments["pipeline"]
+    found = client.get(f"/deployments/{deployment}").json()
+    assert found["global_concurrency_limit"]["limit"] == 1, found
+    assert found["concurrency_options"]["collision_strategy"] == "ENQUEUE", found
+    parameters = {
+        "config": _config(tmp_path, fixture_model_dir, sample_data_dir, "name=twice"),
+        "until": "tokenize",
+    }
+    ids = []
+    for _ in range(2):
+        response = client.post(
+            f"/deployments/{deployment}/create_flow_run", json={"parameters": parameters}
+        )
+        response.raise_for_status()
+        ids.append(response.json()["id"])
+    seen: set[str] = set()
+
+    def one_waits():
+        names = [client.get(f"/flow_runs/{i}").json()["state"]["name"] for i in ids]
+        seen.update(names)
+        return "AwaitingConcurrencySlot" in seen
+
+    _wait_for(one_waits, 120, "a run awaiting the deployment's concurrency slot")
+    runs = [_finished(client, run_id) for run_id in ids]
+    assert [run["state"]["type"] for run, _ in runs] == ["COMPLETED", "COMPLETED"], runs
+    stages = STAGES[:2]
+    states = sorted(tuple(_states(tasks, "twice", stages).values()) for _, tasks in runs)
+    assert states == [("Cached", "Cached"), ("Completed", "Completed")], states
+
+
 def test_a_code_fix_to_extraction_reruns_extraction_and_later_stages_not_generation(
     served, tmp_path, fixture_model_dir, sample_data_dir
 ):

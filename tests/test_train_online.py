@@ -220,3 +220,26 @@ def test_dflash_trains_online_as_it_trains_offline(world):
         torch.testing.assert_close(weights["online"][name], tensor, rtol=1e-3, atol=1e-4)
     config = json.loads((world / "dflash-online" / "draft" / "config.json").read_text())
     assert config["eaglet"]["method"] == "dflash"
+
+
+class RefusingSource:
+    """A served source whose server is not vLLM: every forward fails with the backend's own
+    message (what `VllmBackend.one` raises on an answer without the connector's file)."""
+
+    def forward(self, batch):
+        raise RuntimeError(
+            "http://127.0.0.1:9/v1/completions returned no kv_transfer_params.hidden_states_path"
+        )
+
+
+def test_a_failing_prefetch_ends_on_the_sources_own_error(world, tmp_path):
+    """Issue 40: online training from a server that is not vLLM ended on "the prefetch thread
+    failed", the server's reason hidden in the chain. The error is the source's own now."""
+    data = OnlineData(
+        world / "examples.jsonl", target(world), AUX_IDS, source=RefusingSource(), prefetch=2
+    )
+    with pytest.raises(RuntimeError, match="no kv_transfer_params.hidden_states_path") as raised:
+        train_draft(data, target(world), tmp_path / "out", config(max_steps=4), AUX_IDS,
+                    CONVENTION)  # fmt: skip
+    assert "prefetch thread failed" not in str(raised.value)
+    assert data._thread is None  # the prefetch thread is stopped, not left behind

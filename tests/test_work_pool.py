@@ -38,6 +38,13 @@ def readme_work_pool_commands() -> list[str]:
     return [line.strip() for line in block.splitlines() if line.strip()]
 
 
+def one_run_at_a_time(deployment: dict) -> bool:
+    """A deployment (as the API returns it) with a concurrency limit of 1 that enqueues."""
+    limit = (deployment.get("global_concurrency_limit") or {}).get("limit")
+    strategy = (deployment.get("concurrency_options") or {}).get("collision_strategy")
+    return limit == 1 and strategy == "ENQUEUE"
+
+
 def test_a_work_pool_worker_runs_the_deployments_of_prefect_yaml(
     tmp_path, fixture_model_dir, sample_data_dir
 ):
@@ -73,6 +80,8 @@ def test_a_work_pool_worker_runs_the_deployments_of_prefect_yaml(
         assert {"pipeline", "pipeline-short-form", "generate-only", "nightly-rerun"} <= set(
             deployments
         )
+        for name, deployment in deployments.items():  # one run at a time, the rest queue
+            assert one_run_at_a_time(deployment), (name, deployment)
         (nightly,) = deployments["nightly-rerun"]["schedules"]
         assert nightly["schedule"]["cron"] == "0 2 * * *" and nightly["active"] is False
 

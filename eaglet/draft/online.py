@@ -149,8 +149,9 @@ class OnlineData:
         if self._queue is None:
             return self.features(indices)
         got, items = self._queue.get()
-        if isinstance(items, BaseException):
-            raise RuntimeError("online features: the prefetch thread failed") from items
+        if isinstance(items, BaseException):  # the source's own error, not a wrapper's
+            items.add_note("(raised while the online features were prefetched)")
+            raise items
         if got != indices:
             raise RuntimeError(f"online prefetch out of step: expected {indices}, got {got}")
         return items

@@ -111,3 +111,81 @@ def test_a_starting_prefect_server_is_recognised_by_its_command_line(tmp_path):
     uvicorn = ["python", "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app"]
     assert prefect_server_starting(proc_with(pytest_run, uvicorn)) is True
     assert prefect_server_starting(tmp_path / "no-proc") is None
+
+
+def test_a_hidden_states_endpoint_that_is_not_vllm_is_refused_by_the_preflight(tmp_path):
+    """Issue 40: online training from a server that is not vLLM passed the preflight and
+    ended hours later; an OpenAI-compatible server without vLLM's counters is refused now."""
+    from tests.fake_servers import _send_json, serve
+
+    async def openai_like(scope, receive, send):  # /v1/models answers; no /metrics
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/v1/models":
+            await _send_json(send, 200, {"data": [{"id": "tiny"}]})
+        else:
+            await _send_json(send, 404, {"detail": "Not Found"})
+
+    with serve(openai_like) as url:
+        config = load_config(
+            None,
+            ["hidden_states.backend=vllm", f"hidden_states.endpoints=[{url}]",
+             "train.hidden_states=online", f"hidden_states.connector_path={tmp_path}"],
+        )  # fmt: skip
+        report = PreflightReport()
+        check_endpoints(config, report)
+    [problem] = report.problems
+    assert problem.startswith("hidden_states.endpoints[0] (online training):"), problem
+    assert "is not vLLM" in problem and "extract_hidden_states" in problem
+
+
+def test_an_offline_hub_dataset_not_in_any_cache_is_refused_by_the_preflight(tmp_path, monkeypatch):
+    """Issue 40: with HF_HUB_OFFLINE set, a hub dataset passed the preflight, then the download
+    stage retried twice (35 s) and ended on a bare ConnectionError. The preflight looks in the
+    local caches now; a prepared copy in datasets' cache passes."""
+    import datasets.config
+    from huggingface_hub import constants
+
+    from eaglet.preflight import hub_dataset_problem
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+    problem = hub_dataset_problem("datasets[0].path", "someone/chats", None)
+    assert problem is not None and problem.startswith("datasets[0].path: 'someone/chats'")
+    assert "HF_HUB_OFFLINE is set" in problem and "local caches" in problem
+    (tmp_path / "datasets" / "someone___chats").mkdir(parents=True)
+    assert hub_dataset_problem("datasets[0].path", "someone/chats", None) is None
+
+
+def test_the_gated_llama_example_offline_is_told_the_cache_lacks_it(tmp_path, monkeypatch):
+    """Issue 40: the Llama example offline asked whether trust_remote_code was needed."""
+    from huggingface_hub import constants
+
+    from eaglet.preflight import hub_lookup_problem
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    problem = hub_lookup_problem("meta-llama/Llama-3.1-8B-Instruct", None)
+    assert problem is not None and "HF_HUB_OFFLINE is set" in problem, problem
+    assert "gated" in problem and "HF_TOKEN" in problem and "trust_remote_code" not in problem
+
+
+def test_a_target_config_that_cannot_load_gets_advice_from_what_failed(tmp_path):
+    """trust_remote_code is suggested only for a model type transformers does not know."""
+    from eaglet.preflight import PreflightReport, load_target
+
+    def problem_for(config_text: str) -> str:
+        model = tmp_path / str(len(list(tmp_path.iterdir())))
+        model.mkdir()
+        (model / "config.json").write_text(config_text)
+        (model / "tokenizer.json").write_text("{}")
+        report = PreflightReport()
+        load_target(load_config(None, [f"target.model={model}"]), report)
+        [problem] = [p for p in report.problems if "config.json could not be read" in p]
+        return problem
+
+    damaged = problem_for('{"model_type": "qwen3", "hidden_')
+    assert "damaged" in damaged and "trust_remote_code" not in damaged
+    custom = problem_for('{"model_type": "eaglet_custom_arch"}')
+    assert "target.trust_remote_code: true" in custom

@@ -118,6 +118,8 @@ def test_disk_full_in_train_ends_on_the_line_that_names_the_folder(
         [error] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert "No space left on device while writing" in error, output(result)
         assert str(train_dir) in error, error
+        # Issue 40: the console showed Prefect's tracebacks before it; the UI keeps them
+        assert "Traceback (most recent call last)" not in result.stdout + result.stderr
         assert not finished(train_dir), "a stage that ran out of disk was taken as done"
     finally:
         unmount(train_dir)
