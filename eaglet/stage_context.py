@@ -41,6 +41,26 @@ class StageContext(Protocol):
         ...
 
 
+def readable(value: Any) -> Any:
+    """A figure as a person reads it in an artifact: floats rounded (3 decimals, 1 from 100
+    up), None as a dash, lists and dicts of figures likewise."""
+    if isinstance(value, bool) or value is None:
+        return "—" if value is None else value
+    if isinstance(value, float):
+        return round(value, 1 if abs(value) >= 100 else 3)
+    if isinstance(value, list):
+        return [readable(item) for item in value]
+    if isinstance(value, dict):
+        return {key: readable(item) for key, item in value.items()}
+    return value
+
+
+def figures_markdown(title: str, figures: dict[str, Any]) -> str:
+    """`# title` and a two-column table of `figures` (readable values, keys in words)."""
+    rows = [f"| {key.replace('_', ' ')} | {readable(value)} |" for key, value in figures.items()]
+    return f"# {title}\n\n| figure | value |\n|---|---|\n" + "\n".join(rows) + "\n"
+
+
 @dataclass
 class PlainContext:
     """A `StageContext` without Prefect: lines to `log`, artifacts kept in `artifacts` (kind,

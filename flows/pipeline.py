@@ -25,6 +25,7 @@ from eaglet.run_report import (
 from eaglet.stage_reasons import plan_run
 from eaglet.stages import STAGE_LIST, STAGES, RefreshFrom, StageName
 from eaglet.storage import stage_dir
+from eaglet_prefect.flows.crashes import report_crash
 from eaglet_prefect.flows.refusals import permanent_errors_without_tracebacks, refusals_reported
 from eaglet_prefect.tasks.caching import partial_folder, result_storage_path, stage_failure
 from eaglet_prefect.tasks.hidden_states import map_hidden_state_shards
@@ -97,7 +98,7 @@ def interrupted_entry(
     return entry
 
 
-@flow(name="eaglet-pipeline", flow_run_name=run_name, log_prints=True)
+@flow(name="eaglet-pipeline", flow_run_name=run_name, log_prints=True, on_crashed=[report_crash])
 def pipeline(
     config: PipelineConfig = PipelineConfig(),  # noqa: B008 - the UI form shows these defaults
     config_path: str = "",

@@ -84,11 +84,24 @@ def refusals_reported() -> Iterator[None]:
         raise
 
 
+# Prefect's flow engine says these beside its "Finished in state Failed(<the error>)": for
+# eaglet's deliberate failures they only repeat that line, so they are left out.
+ENGINE_REPEATS = frozenset(
+    {
+        "Encountered exception during execution: %r",
+        "Engine execution exited with unexpected exception",
+    }
+)
+
+
 class WithoutPermanentTracebacks(logging.Filter):
-    """Drops the traceback of a record whose exception is eaglet's own `PermanentError`."""
+    """Drops the traceback of a record whose exception is eaglet's own `PermanentError` (and
+    the engine's repeat of such an error)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and isinstance(record.exc_info[1], PermanentError):
+            if record.msg in ENGINE_REPEATS:
+                return False
             record.exc_info, record.exc_text = None, None
         return True
 

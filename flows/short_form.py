@@ -12,6 +12,7 @@ from pydantic import Field
 from eaglet.config import load_config
 from eaglet.short_form import EngineChoice, ShortFormDataset, short_form_overrides
 from eaglet.stages import RefreshFrom, StageName
+from eaglet_prefect.flows.crashes import report_crash
 from eaglet_prefect.flows.pipeline import run_label, run_stages, start_run
 from eaglet_prefect.flows.refusals import refusals_reported
 
@@ -26,7 +27,12 @@ def short_form_run_name() -> str:
     return run_label(name, parameters)
 
 
-@flow(name="eaglet-pipeline-short-form", flow_run_name=short_form_run_name, log_prints=True)
+@flow(
+    name="eaglet-pipeline-short-form",
+    flow_run_name=short_form_run_name,
+    log_prints=True,
+    on_crashed=[report_crash],
+)
 def short_form(
     target_model: str = "",
     datasets: list[ShortFormDataset] = [],  # noqa: B006 - a form default, never mutated

@@ -17,6 +17,7 @@ from prefect.artifacts import (
 )
 from prefect.exceptions import ObjectNotFound
 
+from eaglet.stage_context import readable
 from eaglet_prefect.tasks.artifacts import publish_plot
 
 
@@ -42,7 +43,8 @@ class PrefectContext:
         create_markdown_artifact(text, key=key, description=description)
 
     def table(self, key: str, rows: list[dict[str, Any]], description: str) -> None:
-        create_table_artifact(rows, key=key, description=description)
+        shown = [{name: readable(value) for name, value in row.items()} for row in rows]
+        create_table_artifact(shown, key=key, description=description)
 
     def image(self, key: str, path: Path, description: str) -> None:
         publish_plot(path, key=key, description=description)

@@ -78,6 +78,7 @@ def test_retry_after_header_forms():
     assert retry_after_seconds("soon") is None
 
 
+@pytest.mark.serial  # bounds seconds
 def test_hang_past_the_timeout_is_retried_then_fails(server):
     fake, url = server
     fake.faults.extend(["hang", "hang"])
@@ -421,6 +422,7 @@ def test_canary_openai_without_a_reasoning_parser_fails_with_the_fix(token_ids):
         assert run_canary(config, TOKENIZER, [make_prompt(1)], engine_for(config)).ok
 
 
+@pytest.mark.serial  # bounds seconds
 def test_canary_fails_fast_on_an_unreachable_endpoint():
     config = make_config([f"http://127.0.0.1:{free_port()}"])
     started = time.monotonic()

@@ -268,6 +268,100 @@ def test_a_second_run_of_a_deployment_waits_for_the_first_then_completes(
     assert states == [("Cached", "Cached"), ("Completed", "Completed")], states
 
 
+def test_a_preflight_refusal_leads_with_the_problem_and_logs_no_traceback(
+    served, tmp_path, fixture_model_dir, sample_data_dir
+):
+    """Issue 38: a config the preflight refuses read like a crash in the UI (a 40-line
+    traceback first, the problem after a wall of `ok:` lines, no artifact). Now: the newest
+    eaglet line is the problem, no traceback anywhere in the run's logs, and the `run-refused`
+    artifact leads with the problem and says what to change."""
+    client = served.client
+    parameters = {
+        "config": _config(tmp_path, fixture_model_dir, sample_data_dir, "name=refused",
+                          "train.device=cuda"),
+    }  # fmt: skip
+    run, tasks = _run(client, served.deployments["pipeline"], parameters)
+    assert run["state"]["type"] == "FAILED" and tasks == {}, (run["state"], list(tasks))
+    refused = _artifact(client, run["id"], "run-refused")
+    assert refused.startswith("# Refused before any stage: train.device=cuda"), refused
+    assert "Retry sends the same parameters" in refused and "Nothing ran" in refused
+
+    def logs():
+        found = client.post(
+            "/logs/filter",
+            json={"logs": {"flow_run_id": {"any_": [run["id"]]}}, "sort": "TIMESTAMP_DESC"},
+        ).json()
+        messages = [entry["message"] for entry in found]
+        return messages if any("refused before any stage" in m for m in messages) else None
+
+    messages = _wait_for(logs, 60, "the refusal in the run's logs")
+    assert not [m for m in messages if "Traceback" in m], messages[:3]
+    newest_eaglet = next(m for m in messages if not m.startswith("Finished in state"))
+    shown = "\n".join(m[:150] for m in messages)
+    assert newest_eaglet.startswith("refused before any stage: train.device=cuda"), shown
+
+
+def _flow_run_process(run_id: str) -> int | None:
+    """The pid of the process running flow run `run_id` (the runner gives it the run's id)."""
+    wanted = f"PREFECT__FLOW_RUN_ID={run_id}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if wanted in (entry / "environ").read_bytes().split(b"\0"):
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
+def test_a_run_killed_during_train_leaves_no_task_running_and_says_how_to_resume(
+    served, tmp_path, fixture_model_dir, sample_data_dir
+):
+    """Issue 38: after a SIGKILL of the flow process during train, the flow run was Crashed
+    but its train task run stayed Running for good, and the crash got no eaglet artifact.
+    Now the crash hook marks it Crashed and publishes `run-crashed`: what was kept, and that
+    Retry resumes train from its checkpoint."""
+    client = served.client
+    parameters = {
+        "config": _config(tmp_path, fixture_model_dir, sample_data_dir, "name=killed",
+                          "train.epochs=200"),  # long enough to be killed inside train
+    }  # fmt: skip
+    response = client.post(
+        f"/deployments/{served.deployments['pipeline']}/create_flow_run",
+        json={"parameters": parameters},
+    )
+    response.raise_for_status()
+    run_id = response.json()["id"]
+
+    def training():
+        found = client.post(
+            "/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}}
+        ).json()
+        return any(t["name"] == "train[killed]" and t["state"]["type"] == "RUNNING" for t in found)
+
+    _wait_for(training, 600, "the train task running")
+    os.kill(_wait_for(lambda: _flow_run_process(run_id), 30, "the run's process"), signal.SIGKILL)
+    run, _ = _finished(client, run_id)
+    assert run["state"]["type"] == "CRASHED", run["state"]
+
+    def crashed_artifact():
+        found = client.post(
+            "/artifacts/filter",
+            json={"artifacts": {"key": {"any_": ["run-crashed"]},
+                                "flow_run_id": {"any_": [run_id]}}},
+        ).json()  # fmt: skip
+        return found[0]["data"] if found else None
+
+    report = _wait_for(crashed_artifact, 60, "the run-crashed artifact")
+    assert report.startswith("# Crashed during train:"), report
+    assert "Retry this run" in report and "resumes training from the last checkpoint" in report
+    assert "| hidden_states | Completed |" in report, report
+    _, tasks = _finished(client, run_id)
+    assert tasks["train[killed]"]["state"]["type"] == "CRASHED", tasks["train[killed]"]["state"]
+    assert not [t for t in tasks.values() if t["state"]["type"] in ("RUNNING", "PENDING")]
+
+
 def test_a_code_fix_to_extraction_reruns_extraction_and_later_stages_not_generation(
     served, tmp_path, fixture_model_dir, sample_data_dir
 ):

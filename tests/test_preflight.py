@@ -78,6 +78,16 @@ def run(data: dict, **changes) -> list[str]:
 def test_a_good_config_passes(setup):
     report = preflight(PipelineConfig.model_validate(setup))
     assert report.ok, report.render()
+
+
+def test_the_demo_target_raises_no_draft_vocabulary_warning(setup, fixture_model_dir):
+    """Issue 38: the demo's own defaults warned that draft_vocab_size=32000 exceeds the
+    fixture's 2,042 tokens, though the cap is automatic and there is nothing to fix."""
+    demo = {**setup, "target": {"model": str(fixture_model_dir)}, "tokenize": {}}
+    config = PipelineConfig.model_validate(demo)
+    report = preflight(config)
+    assert not [w for w in report.warnings if "draft_vocab_size" in w], report.render()
+    assert any("draft_vocab_size=32000 is over" in line for line in report.passed), report.render()
     assert any("aux_layer_ids [2, 4, 5]" in line for line in report.passed)
     assert any("3 rows" in line for line in report.passed)
     report.raise_if_failed()
@@ -392,6 +402,7 @@ def test_cuda_on_a_machine_without_one_is_named(setup):
     assert any(p.startswith("train.device=cuda") for p in problems), problems
 
 
+@pytest.mark.serial  # bounds seconds
 def test_a_hub_dataset_that_cannot_be_reached_is_named_within_seconds(setup, monkeypatch):
     """No network here: the hub lookup fails at once (it used to be retried for 80 s by the
     download stage)."""

@@ -33,7 +33,9 @@ for _ in range(2):
         outputs[spec.output] = run_stage_body(spec.name, config, inputs, context)
         manifests[spec.name] = outputs[spec.output].model_dump()
     passes.append({"manifests": manifests, "artifacts": [
-        {k: a[k] for k in ("kind", "key", "description")} for a in context.artifacts]})
+        {k: a[k] for k in ("kind", "key", "description")}
+        | ({"content": a["content"]} if a["kind"] == "markdown" else {})
+        for a in context.artifacts]})
 print(json.dumps({"passes": passes, "prefect_imported": "prefect" in sys.modules}))
 """
 
@@ -76,6 +78,12 @@ def test_every_stage_body_runs_without_prefect_and_a_second_pass_reuses_each_fol
         "acceptance-plot",
     } <= keys
     assert all(a["description"] for a in first["artifacts"])
+    # issue 38: a table of figures a person reads, not a dict dump of 15-digit floats
+    training = next(a for a in first["artifacts"] if a["key"] == "draft-training")["content"]
+    assert training.startswith("# Draft training\n\n| figure | value |"), training[:200]
+    values = [line.split("|")[2].strip() for line in training.splitlines()[4:] if "|" in line]
+    decimals = [v.split(".")[1] for v in values if v.replace(".", "", 1).isdigit() and "." in v]
+    assert decimals and all(len(d) <= 3 for d in decimals), values
 
 
 def test_each_stage_reads_only_outputs_of_earlier_stages():

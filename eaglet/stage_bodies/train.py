@@ -17,7 +17,7 @@ from eaglet.draft.launch import feature_disk, pipeline_job, run_training
 from eaglet.draft.methods import draft_method
 from eaglet.hidden_states.vllm_backend import started_server
 from eaglet.progress import Throttle
-from eaglet.stage_context import StageContext
+from eaglet.stage_context import StageContext, figures_markdown
 from eaglet.stages import DRAFT_FOLDER, EXAMPLES_FILE
 from eaglet.storage import Manifest, StageOutput, final_path, stage_dir
 
@@ -75,7 +75,7 @@ def run(
             info[name] = str(final_path(Path(info[name])))
     ctx.markdown(
         "draft-training",
-        "# Draft training\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in info.items()),
+        figures_markdown("Draft training", info),
         "the trained draft: vocabulary, samples, loss, exports and their folders",
     )
     ctx.image(

@@ -80,19 +80,16 @@ def test_extract_with_every_answer_dropped_by_the_loop_guard_fails_naming_why():
 def test_serve_with_a_dead_loopback_api_url_says_so_in_seconds(tmp_path, monkeypatch, capsys):
     """Issue 40: `eaglet serve` with PREFECT_API_URL at nothing waited 120 s before saying so.
     Where no process on this machine is starting a Prefect server, a loopback URL gets 5 s."""
-    import time
-
     from eaglet.vllm_process import free_port
     from eaglet_prefect.flows import cli, prefect_server
 
     monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{free_port()}/api")
     # other tests of this suite may be running a Prefect server on this machine meanwhile
     monkeypatch.setattr(prefect_server, "prefect_server_starting", lambda: False)
-    started = time.monotonic()
     assert cli.main(["serve"]) == 2
-    assert time.monotonic() - started < 60  # not the 120 s a starting server gets
     err = capsys.readouterr().err
     assert "no Prefect server answers" in err and "no process here is starting one" in err
+    assert "after 5 s" in err  # not the 120 s a server that may be starting gets
 
 
 def test_a_starting_prefect_server_is_recognised_by_its_command_line(tmp_path):

@@ -1,0 +1,89 @@
+"""What a crashed flow run (its process killed: kill -9, out of memory, a lost machine) leaves
+in the Prefect UI: no task run still Running, and the artifact `run-crashed` saying what was
+kept and how to resume. Prefect calls `report_crash` (an `on_crashed` hook of the flows) in
+the process that served the run (`eaglet serve`, a worker) when the run's own process died,
+or in the run's process when it could still tell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from eaglet.run_report import RESTARTS_PARTIAL, RESUMES_PARTIAL, read_run_record
+
+
+def work_dir_of(parameters: dict[str, Any]) -> Path | None:
+    """The work dir a flow run's parameters name (the full form's `config`, the short
+    form's `work_dir`, or a config file's), None when they name none readable."""
+    from eaglet.config import load_config
+
+    if parameters.get("work_dir"):
+        return Path(parameters["work_dir"])
+    try:
+        if parameters.get("config_path"):
+            return Path(load_config(parameters["config_path"]).work_dir)
+        config = parameters.get("config") or {}
+        return Path(config["work_dir"]) if config.get("work_dir") else None
+    except Exception:  # a config that does not load: the run never got to a stage
+        return None
+
+
+def crash_markdown(message: str, interrupted: list[str], work_dir: Path | None) -> str:
+    """The `run-crashed` artifact: what stopped, what was kept, how to resume."""
+    where = ", ".join(interrupted) if interrupted else "between stages"
+    lines = [f"# Crashed during {where}: {message}", ""]
+    resumes = [f"`{s}` {RESUMES_PARTIAL.get(s, RESTARTS_PARTIAL)}" for s in interrupted]
+    lines += [
+        "**What to do:** Retry this run (the same parameters can succeed): the stages that "
+        "finished come back Cached" + ("; " + "; ".join(resumes) if resumes else "") + ".",
+        "",
+    ]
+    record = read_run_record(work_dir) if work_dir is not None else None
+    finished = {
+        stage: entry
+        for stage, entry in ((record or {}).get("stages") or {}).items()
+        if entry.get("state") in ("Completed", "Cached")
+    }
+    if finished:
+        lines += ["## Kept", "", "| stage | state | folder |", "|---|---|---|"]
+        lines += [f"| {s} | {e['state']} | `{e.get('path', '')}` |" for s, e in finished.items()]
+    else:
+        lines.append("No stage had finished.")
+    return "\n".join(lines) + "\n"
+
+
+def stage_of(task_run_name: str) -> str:
+    """`train[demo]` -> `train`."""
+    return task_run_name.split("[", 1)[0]
+
+
+def report_crash(flow: Any, flow_run: Any, state: Any) -> None:
+    """The `on_crashed` hook: every task run of `flow_run` not in a final state is marked
+    Crashed (a killed process cannot say so itself), then `run-crashed` is published."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import ArtifactCreate
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.states import Crashed
+
+    message = state.message or "the flow run's process ended"
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
+        )
+        stale = [t for t in task_runs if t.state is not None and not t.state.is_final()]
+        for task_run in stale:
+            client.set_task_run_state(
+                task_run.id,
+                Crashed(message=f"the flow run crashed while this task ran: {message}"),
+                force=True,
+            )
+        interrupted = sorted({stage_of(t.name) for t in stale})
+        client.create_artifact(
+            ArtifactCreate(
+                key="run-crashed",
+                type="markdown",
+                data=crash_markdown(message, interrupted, work_dir_of(flow_run.parameters)),
+                description="the run's process died: what was kept and how to resume",
+                flow_run_id=flow_run.id,
+            )
+        )
