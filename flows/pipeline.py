@@ -14,7 +14,7 @@ from prefect.runtime import flow_run
 
 from eaglet import shutdown, work_dir_lock
 from eaglet.config import PipelineConfig, load_config
-from eaglet.fixture.demo import ensure_demo_inputs
+from eaglet.fixture.demo import demo_inputs_missing
 from eaglet.preflight import run_preflight, take_passed_ahead
 from eaglet.run_report import (
     failure_entry,
@@ -28,6 +28,7 @@ from eaglet.storage import stage_dir
 from eaglet_prefect.flows.crashes import report_crash
 from eaglet_prefect.flows.refusals import permanent_errors_without_tracebacks, refusals_reported
 from eaglet_prefect.tasks.caching import partial_folder, result_storage_path, stage_failure
+from eaglet_prefect.tasks.demo_setup import demo_setup
 from eaglet_prefect.tasks.hidden_states import map_hidden_state_shards
 
 
@@ -70,7 +71,8 @@ def preflight(config: PipelineConfig, until: str = "evaluate") -> None:
     run existed, or a run of the checks now (the UI's runs)."""
     lines = take_passed_ahead(config)
     if lines is None:
-        ensure_demo_inputs(config)  # a UI run of the demo's config builds its model and data
+        if demo_inputs_missing(config):  # a UI run of the demo's config builds them first
+            demo_setup(config)
         run_preflight(config, until=until)
         return
     for line in lines:

@@ -213,7 +213,14 @@ def test_fixture_model_builds_loads_and_reasons(fixture_model_dir: Path) -> None
 def test_fixture_model_build_is_deterministic(tmp_path: Path) -> None:
     from eaglet.fixture.model import build_fixture_model
 
-    first = build_fixture_model(tmp_path / "a", seed=0, train_steps=3, log=lambda _: None)
+    lines: list[str] = []
+    done: list[tuple[int, int]] = []
+    first = build_fixture_model(
+        tmp_path / "a", seed=0, train_steps=3, log=lines.append, progress=lambda *d: done.append(d)
+    )
+    # issue 38: the build a UI run of the demo waits for says its rate and ETA, and its progress
+    assert any("tok/s, ETA" in line for line in lines), lines
+    assert done[0] == (1, 3) and done[-1] == (3, 3), done
     second = build_fixture_model(tmp_path / "b", seed=0, train_steps=3, log=lambda _: None)
     for name in ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"):
         assert sha256(first / name) == sha256(second / name), name
