@@ -552,13 +552,17 @@ def _none_choices(page):
 
 def _demo_files(project: Path, fixture_model_dir: Path, sample_data_dir: Path) -> None:
     """What the config form's defaults point at, relative to the served project: the fixture
-    target in runs/demo/models/fixture and a few rows of each sample source in runs/demo/data."""
+    target in runs/demo/models/fixture and a few rows of each sample source and evaluation set
+    in runs/demo/data."""
     import pandas as pd
 
     demo = project / "runs" / "demo"
     shutil.copytree(fixture_model_dir, demo / "models" / "fixture")
     (demo / "data").mkdir(parents=True)
-    for name, rows in (("arith.jsonl", 8), ("tools.jsonl", 4)):
+    # the datasets and the evaluation sets the defaults name (a missing one would make the run
+    # build the demo's inputs in a demo-setup task first)
+    for name, rows in (("arith.jsonl", 8), ("tools.jsonl", 4), ("mt-bench.jsonl", 4),
+                       ("gsm8k.jsonl", 4)):  # fmt: skip
         lines = (sample_data_dir / name).read_text().splitlines(keepends=True)
         (demo / "data" / name).write_text("".join(lines[:rows]))
     mixed = pd.read_parquet(sample_data_dir / "mixed.parquet").head(4)
