@@ -36,17 +36,21 @@ def test_a_read_only_work_dir_says_so_and_what_to_do_with_exit_2(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+async def openai_like(scope, receive, send) -> None:
+    """An OpenAI-compatible server that is not vLLM: /v1/models answers, /metrics is a 404."""
+    from tests.fake_servers import _send_json
+
+    if scope["type"] != "http":
+        return
+    if scope["path"] == "/v1/models":
+        await _send_json(send, 200, {"data": [{"id": "tiny"}]})
+    else:
+        await _send_json(send, 404, {"detail": "Not Found"})
+
+
 def test_an_evaluation_endpoint_that_is_not_vllm_is_refused_by_the_preflight():
     """It passed ("a vLLM server answers") and failed after training on /metrics' 404."""
-    from tests.fake_servers import _send_json, serve
-
-    async def openai_like(scope, receive, send):  # /v1/models answers; no /metrics
-        if scope["type"] != "http":
-            return
-        if scope["path"] == "/v1/models":
-            await _send_json(send, 200, {"data": [{"id": "tiny"}]})
-        else:
-            await _send_json(send, 404, {"detail": "Not Found"})
+    from tests.fake_servers import serve
 
     with serve(openai_like) as url:
         config = load_config(None, ["evaluate.serving=vllm", f"evaluate.serving_endpoint={url}"])
@@ -113,15 +117,7 @@ def test_a_starting_prefect_server_is_recognised_by_its_command_line(tmp_path):
 def test_a_hidden_states_endpoint_that_is_not_vllm_is_refused_by_the_preflight(tmp_path):
     """Issue 40: online training from a server that is not vLLM passed the preflight and
     ended hours later; an OpenAI-compatible server without vLLM's counters is refused now."""
-    from tests.fake_servers import _send_json, serve
-
-    async def openai_like(scope, receive, send):  # /v1/models answers; no /metrics
-        if scope["type"] != "http":
-            return
-        if scope["path"] == "/v1/models":
-            await _send_json(send, 200, {"data": [{"id": "tiny"}]})
-        else:
-            await _send_json(send, 404, {"detail": "Not Found"})
+    from tests.fake_servers import serve
 
     with serve(openai_like) as url:
         config = load_config(

@@ -40,6 +40,16 @@ def unmount(folder: Path) -> None:
     subprocess.run(["umount", "-l", str(folder)], capture_output=True)
 
 
+def run_args(tmp_path: Path, name: str, until: str, model: Path, data: Path) -> list[str]:
+    """`eaglet run` of a small pipeline named `name` in `tmp_path/work`, up to `until`."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"name: {name}\n")
+    args = ["run", str(config), "--until", until]
+    for override in small_run_overrides(tmp_path / "work", model, data):
+        args += ["--set", override]
+    return args
+
+
 def finished(stage_dir: Path) -> list[Path]:
     return [f for f in stage_dir.iterdir() if (f / "manifest.json").exists()]
 
@@ -53,11 +63,7 @@ def test_disk_full_in_generate_and_in_hidden_states_fails_clearly_then_resumes(
 ):
     work_dir = tmp_path / "work"
     generate_dir, hidden_dir = work_dir / "generate", work_dir / "hidden_states"
-    config = tmp_path / "config.yaml"
-    config.write_text("name: disk-full\n")
-    args = ["run", str(config), "--until", "hidden_states"]
-    for override in small_run_overrides(work_dir, fixture_model_dir, sample_data_dir):
-        args += ["--set", override]
+    args = run_args(tmp_path, "disk-full", "hidden_states", fixture_model_dir, sample_data_dir)
     mount_tmpfs(generate_dir, "16k")
     try:
         mount_tmpfs(hidden_dir, "256k")
@@ -106,11 +112,7 @@ def test_disk_full_in_train_ends_on_the_line_that_names_the_folder(
     had raised the DiskFullError naming its folder. The last `error:` line is that one."""
     work_dir = tmp_path / "work"
     train_dir = work_dir / "train"
-    config = tmp_path / "config.yaml"
-    config.write_text("name: disk-full-train\n")
-    args = ["run", str(config), "--until", "train"]
-    for override in small_run_overrides(work_dir, fixture_model_dir, sample_data_dir):
-        args += ["--set", override]
+    args = run_args(tmp_path, "disk-full-train", "train", fixture_model_dir, sample_data_dir)
     mount_tmpfs(train_dir, "24k")
     try:
         result = run_cli(args, cwd=tmp_path)
