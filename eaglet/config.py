@@ -453,7 +453,7 @@ class HiddenStatesConfig(_Strict):
         "hf",
         description="hf = transformers in-process (target.device, target.dtype, device_map); "
         "vllm = a vLLM server started with the extract_hidden_states speculative method and a "
-        "hidden-states KV connector (see the README).",
+        "hidden-states KV connector (see docs/hidden-states.md).",
     )
     device_map: Literal["auto"] | None = Field(
         None,
@@ -565,22 +565,22 @@ class TrainConfig(_Strict):
         ge=1,
         le=1000,
         description="Passes over the training tokens. 8 keeps the demo short; 20 emitted 0.04 "
-        "more tokens per round on 2,000 samples (README, Against speculators).",
+        "more tokens per round on 2,000 samples (benchmarks/README.md, Against speculators).",
     )
     lr: float = Field(
         3e-3,
         gt=0.0,
         le=1.0,
         description="Peak learning rate. 3e-3: with Muon, tau within 0.01 from 3e-3 to 1e-2 on "
-        "2,000 samples x 4 epochs, while 1e-3 fell 0.9 tau behind on 192 x 12 (README, "
-        "Against speculators).",
+        "2,000 samples x 4 epochs, while 1e-3 fell 0.9 tau behind on 192 x 12 "
+        "(benchmarks/README.md, Against speculators).",
     )
     optimizer: Literal["adamw", "muon"] = Field(
         "muon",
         description="muon = Muon for the draft's weight matrices (update scaled to AdamW's RMS, "
         "weight decay 0.1) and AdamW for norms and lm_head, as speculators trains by default; "
         "adamw = AdamW over every weight. Muon gave +0.14 tau on 2,000 samples x 4 epochs "
-        "(README, Against speculators).",
+        "(benchmarks/README.md, Against speculators).",
     )
     batch_size: int = Field(8, ge=1, le=4096, description="Sequences per step.")
     ttt_length: int = Field(4, ge=1, le=16, description="Training-time-test unroll steps.")
@@ -687,7 +687,7 @@ class TrainConfig(_Strict):
         le=1.0,
         description="After warmup the learning rate follows a cosine from the peak down to "
         "lr_floor x the peak at the last step (0 measured the same tau as 0.1 at 20 epochs: "
-        "README, Against speculators).",
+        "benchmarks/README.md, Against speculators).",
     )
     grad_clip: float = Field(
         1.0, gt=0.0, le=1e6, description="Maximum global gradient norm per optimizer step."

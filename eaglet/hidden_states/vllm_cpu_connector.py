@@ -6,7 +6,7 @@ CUDA stream into pinned memory and waits on a CUDA event; none of that exists on
 This subclass overrides only that method: it copies the slots synchronously on the CPU and
 hands the tensors to the same file writer with a done-event stand-in. Everything else (file
 names, lock files, `kv_transfer_params.hidden_states_path` in the response) is the stock
-connector's. On GPUs use the stock connector (see the README).
+connector's. On GPUs use the stock connector (see docs/hidden-states.md).
 
     --kv-transfer-config '{"kv_connector": "CpuHiddenStatesConnector",
       "kv_connector_module_path": "eaglet.hidden_states.vllm_cpu_connector",
