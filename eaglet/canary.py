@@ -58,7 +58,13 @@ PARSER_HINT = (
 
 
 class CanaryError(PermanentError, RuntimeError):
-    """The canary found a broken setup; the message lists every problem and its fix."""
+    """The canary found a broken setup; the message lists every problem and its fix.
+    `server_down`: every problem was a server that did not answer, so the same settings can
+    succeed once it is up (never retried automatically: the canary fails fast)."""
+
+    def __init__(self, message: str, server_down: bool = False) -> None:
+        super().__init__(message)
+        self.server_down = server_down
 
 
 @dataclass
@@ -68,6 +74,7 @@ class CanaryReport:
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     passed: list[str] = field(default_factory=list)  # checks that held, for display
+    unreachable: int = 0  # how many of the failures are a server that did not answer
     sample_response: dict[str, Any] | None = None  # one raw server answer, as received
     generations: list[Generation] = field(default_factory=list)
     elapsed_s: float = 0.0
@@ -94,9 +101,16 @@ class CanaryReport:
 
     def raise_if_failed(self) -> None:
         if self.failures:
+            server_down = self.unreachable == len(self.failures)
             raise CanaryError(
-                "preflight canary failed:\n  " + "\n  ".join(self.failures) + "\n(run "
-                "`eaglet doctor CONFIG` to see one raw server response)"
+                "preflight canary failed:\n  "
+                + "\n  ".join(self.failures)
+                + (
+                    ""
+                    if server_down
+                    else "\n(`eaglet doctor CONFIG` shows one raw server response)"
+                ),
+                server_down=server_down,
             )
 
 
@@ -205,12 +219,14 @@ async def _check_endpoints(engine: HTTPEngine, report: CanaryReport, deadline: f
                     "(hung, overloaded or still loading?): check the server's log, or fix "
                     "generation.endpoints"
                 )
+                report.unreachable += 1
                 continue
             except engine.http.TransportError as exc:
                 report.failures.append(
                     f"endpoint {endpoint.url} is not reachable ({type(exc).__name__} on GET "
                     f"{where}): start the server, or fix generation.endpoints"
                 )
+                report.unreachable += 1
                 continue
             status = response.status_code
             if status in (401, 403):

@@ -21,6 +21,7 @@ import yaml
 from eaglet.config import PipelineConfig, resolve_paths
 from eaglet.draft.sampled import sampled_text
 from eaglet.draft.segments import segments_text
+from eaglet.failure_advice import StartedFrom, what_to_do
 from eaglet.stages import FAILED_FILE, STAGES
 from eaglet.storage import ManifestError, read_manifest, write_json_atomic
 
@@ -38,14 +39,28 @@ RESUMES_PARTIAL = {
 }
 RESTARTS_PARTIAL = "rebuilds this partial folder from the stage's inputs"
 
+# How each place a run starts from redoes finished stages (`failure_note`).
+REFRESH_FROM = {
+    "short form": "start a new run with this form's `refresh_from` set to the stage (e.g. "
+    "`{stage}`).",
+    "full form": "start a new run (*Run* → *Custom run*) with the same config and the "
+    "`refresh_from` parameter set to the stage (e.g. `{stage}`).",
+    "shell": "add `--refresh-from {stage}` to the command.",
+}
+
 _LISTED_FILES = 12
 _LISTED_IDS = 10
 
 
 def start_run_record(
-    config: PipelineConfig, config_path: str | None, until: str, refresh_from: str | None
+    config: PipelineConfig,
+    config_path: str | None,
+    until: str,
+    refresh_from: str | None,
+    started_from: StartedFrom = "shell",
 ) -> dict[str, Any]:
-    """Write `WORK_DIR/config.yaml` (the config this run uses) and a fresh `run.json`."""
+    """Write `WORK_DIR/config.yaml` (the config this run uses) and a fresh `run.json`;
+    `started_from` (the UI's short or full form, or a shell) words the failure advice."""
     work_dir = Path(config.work_dir).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     own_file = work_dir / CONFIG_FILE
@@ -59,6 +74,7 @@ def start_run_record(
         "config_file": str(Path(config_path).resolve()) if config_path else str(own_file),
         "until": until,
         "refresh_from": refresh_from,
+        "started_from": started_from,
         "stages": {},
     }
     write_run_record(work_dir, run)
@@ -137,8 +153,11 @@ def describe_partial(folder: Path) -> dict[str, Any]:
     }
 
 
-def failure_entry(key: str, partial: Path, error: str, seconds: float) -> dict[str, Any]:
-    """The `run.json` entry of a stage that failed."""
+def failure_entry(
+    key: str, partial: Path, error: str, seconds: float, retry_can_succeed: bool = False
+) -> dict[str, Any]:
+    """The `run.json` entry of a stage that failed; `retry_can_succeed` for a passing fault
+    (`eaglet.errors.is_transient`)."""
     return {
         "state": "Failed",
         "key": key,
@@ -146,6 +165,7 @@ def failure_entry(key: str, partial: Path, error: str, seconds: float) -> dict[s
         "records": 0,
         "seconds": round(seconds, 2),
         "error": error,
+        "retry_can_succeed": retry_can_succeed,
         "partial": describe_partial(partial),
     }
 
@@ -176,20 +196,17 @@ def failure_note(stage: str, entry: dict[str, Any], run: dict[str, Any] | None) 
             )
     else:
         lines.append(f"No partial folder was left (expected at `{entry['path']}`).")
+    started_from = (run or {}).get("started_from", "shell")
     lines += [
         "",
-        f"**Resume** after fixing the cause. Finished stages come back Cached; this stage "
+        f"**Resume**: finished stages come back Cached; this stage "
         f"{RESUMES_PARTIAL.get(stage, RESTARTS_PARTIAL)}.",
         "",
-        "- In the Prefect UI: the **Retry** button on this flow run's page runs it "
-        "again with the same parameters.",
-        f"- From a shell: `{resume_command(run)}`.",
+        *what_to_do(stage, entry, resume_command(run), started_from),
         "",
         "To redo a finished stage and everything after it (a server flag or a dataset revision "
-        "changed; a fix to eaglet's code needs nothing, the stage's key changes): in the UI, "
-        "*Deployments* → `eaglet-pipeline/pipeline` → *Run* → *Custom run* with the same config "
-        f"and `refresh_from` set to the stage (e.g. `{stage}`); from a shell, add "
-        f"`--refresh-from {stage}`.",
+        "changed; a fix to eaglet's code needs nothing, the stage's key changes): "
+        + REFRESH_FROM[started_from].format(stage=stage),
     ]
     return "\n".join(lines)
 

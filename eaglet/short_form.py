@@ -30,6 +30,18 @@ class ShortFormDataset(BaseModel):
     )
 
 
+# The config key each field of the short form sets (the failure advice names the field).
+SHORT_FORM_FIELDS = {
+    "target.model": "target_model",
+    "generation.engine": "engine",
+    "generation.endpoints": "endpoints",
+    "generation.served_model": "served_model",
+    "train.epochs": "epochs",
+    "work_dir": "work_dir",
+    "datasets": "datasets",
+}
+
+
 def short_form_overrides(
     target_model: str = "",
     datasets: list[ShortFormDataset] | None = None,

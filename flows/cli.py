@@ -398,9 +398,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.notify and cmd_notify(args) != 0:
+        return 2
     from eaglet_prefect.deployments.serve import main as serve
 
     serve()
+    return 0
+
+
+def cmd_notify(args: argparse.Namespace) -> int:
+    """Create (or update) the automations that notify through the block `args.notify` when a
+    run fails or crashes, and when one completes with its τ."""
+    from eaglet_prefect.deployments.notifications import (
+        NoSuchNotificationBlock,
+        ensure_notifications,
+    )
+
+    if not args.notify:
+        print("error: name a notification block (or set EAGLET_NOTIFY_BLOCK)", file=sys.stderr)
+        return 2
+    try:
+        lines = ensure_notifications(args.notify)
+    except NoSuchNotificationBlock as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for line in lines:
+        print(line)
     return 0
 
 
@@ -430,6 +453,15 @@ def cmd_fixture_model(args: argparse.Namespace) -> int:
             return 2
     print(f"fixture model written to {path} in {time.time() - started:.1f} s")
     return 0
+
+
+NOTIFY_ARGS = ("--notify",)
+NOTIFY_OPTIONS = {"metavar": "BLOCK", "default": os.environ.get("EAGLET_NOTIFY_BLOCK") or None}
+NOTIFY_HELP = (
+    "a Prefect notification block (<type>/<name>, e.g. slack-webhook/team, or its name) to "
+    "tell when a run fails or crashes, and when one completes with its τ; default: "
+    "$EAGLET_NOTIFY_BLOCK"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -490,7 +522,14 @@ def build_parser() -> argparse.ArgumentParser:
     gc.set_defaults(handler=cmd_gc)
 
     serve = commands.add_parser("serve", help="serve the deployments for the Prefect UI")
+    serve.add_argument(*NOTIFY_ARGS, **NOTIFY_OPTIONS, help=NOTIFY_HELP + " (optional)")
     serve.set_defaults(handler=cmd_serve)
+
+    notify = commands.add_parser(
+        "notify", help="notify through a Prefect block when a run fails, crashes or completes"
+    )
+    notify.add_argument("notify", nargs="?", **NOTIFY_OPTIONS, help=NOTIFY_HELP)
+    notify.set_defaults(handler=cmd_notify)
 
     fixture = commands.add_parser(
         "fixture-model",

@@ -11,9 +11,11 @@ from pathlib import Path
 from prefect import Task, flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
+from prefect.states import Completed, State
 
 from eaglet import shutdown, work_dir_lock
 from eaglet.config import PipelineConfig, load_config
+from eaglet.failure_advice import StartedFrom
 from eaglet.fixture.demo import demo_inputs_missing
 from eaglet.preflight import run_preflight, take_passed_ahead
 from eaglet.run_report import (
@@ -108,7 +110,7 @@ def pipeline(
     refresh_from: RefreshFrom = "",
     retry_failed: bool = False,
     plan_only: bool = False,
-) -> dict:
+) -> dict | State:
     """Regenerate the target's answers and train an EAGLE-3 draft on them.
 
     The run report (artifact `run-report`, and `WORK_DIR/run_report.md`) is written at the
@@ -135,7 +137,10 @@ def pipeline(
             config = load_config(config_path)
     if plan_only:
         return publish_plan(config, until, refresh_from or None)
-    return run_stages(config, config_path or None, until, refresh_from or None, retry_failed)
+    started_from = "full form" if flow_run.deployment_id else "shell"  # `eaglet run`: a shell
+    return run_stages(
+        config, config_path or None, until, refresh_from or None, retry_failed, started_from
+    )
 
 
 def publish_plan(config: PipelineConfig, until: str, refresh_from: str | None) -> dict:
@@ -167,9 +172,11 @@ def run_stages(
     until: StageName,
     refresh_from: StageName | None,
     retry_failed: bool,
-) -> dict:
+    started_from: StartedFrom,
+) -> State:
     """The flows' body: under the work dir's lock, the preflight, each stage up to `until`
-    (`eaglet.stages`, each fed the outputs it reads), the run report."""
+    (`eaglet.stages`, each fed the outputs it reads), the run report. `started_from` words
+    a failure's advice (the form the run came from, or a shell)."""
     # One run per work dir: runs of one deployment queue (its concurrency limit); one from
     # elsewhere is refused here naming the holder; `eaglet run` took the lock already and
     # takes it again.
@@ -177,7 +184,7 @@ def run_stages(
         with refusals_reported():  # a refusal: one line, the `run-refused` artifact
             held.enter_context(work_dir_lock.held(config.work_dir, flow_run=str(flow_run.id)))
             preflight(config, until)  # what the config already shows fails before any stage
-        record = start_run_record(config, config_path, until, refresh_from)
+        record = start_run_record(config, config_path, until, refresh_from, started_from)
         outputs: dict[str, dict] = {}  # each stage's manifest by its output name
         try:
             for spec in STAGE_LIST[: STAGES.index(until) + 1]:
@@ -201,7 +208,23 @@ def run_stages(
                 key="run-report",
                 description=f"eaglet run {config.name}: per stage, Cached or ran, and key figures",
             )
-        return {"stages": record["stages"], "evaluation": outputs.get("report", {}).get("info", {})}
+        evaluation = outputs.get("report", {}).get("info", {})
+        result = {"stages": record["stages"], "evaluation": evaluation}
+        # The message is what the run page's state and the completion notification say.
+        return Completed(message=completed_message(record, evaluation), data=result)
+
+
+def completed_message(record: dict, evaluation: dict) -> str:
+    """One line for a completed run: its τ against the untrained draft's, or where it
+    stopped, and how many stages ran or came back Cached."""
+    states = [entry["state"] for entry in record["stages"].values()]
+    stages = f"{states.count('Cached')} of {len(states)} stages Cached"
+    if evaluation.get("tau") is not None:
+        figure = f"τ {evaluation['tau']:.3f}"
+        if evaluation.get("untrained_tau") is not None:
+            figure += f" (untrained draft {evaluation['untrained_tau']:.3f})"
+        return f"{figure}; {stages}"
+    return f"stopped after {record.get('until', 'evaluate')} as asked (no τ); {stages}"
 
 
 def run_task(stage: str, config: PipelineConfig, inputs: dict, refresh: bool, record: dict) -> dict:

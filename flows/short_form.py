@@ -7,6 +7,7 @@ from typing import Annotated
 
 from prefect import flow
 from prefect.runtime import flow_run
+from prefect.states import State
 from pydantic import Field
 
 from eaglet.config import load_config
@@ -44,7 +45,7 @@ def short_form(
     until: StageName = "evaluate",
     refresh_from: RefreshFrom = "",
     config_path: str = "",
-) -> dict:
+) -> State:
     """The pipeline with the settings most runs change; blank keeps the base config's.
 
     Args:
@@ -78,4 +79,4 @@ def short_form(
     print("short form over " + (config_path or "the demo's defaults") + ": " + " ".join(overrides))
     # the run's own WORK_DIR/config.yaml is its config file once the form changed the base
     config_file = None if overrides else (config_path or None)
-    return run_stages(config, config_file, until, refresh_from or None, False)
+    return run_stages(config, config_file, until, refresh_from or None, False, "short form")

@@ -102,12 +102,15 @@ def partial_folder(stage: str, config: PipelineConfig, inputs: dict[str, Any]) -
     return key, final.with_name(key + PARTIAL_SUFFIX)
 
 
-def failure_message(state: State) -> str:
-    """`ErrorType: message` of a failed task run state (its exception when it has one)."""
+def failure_message(state: State) -> tuple[str, bool]:
+    """`ErrorType: message` of a failed task run state (its exception when it has one), and
+    whether a retry with the same parameters can succeed (a passing fault)."""
     error = state.result(raise_on_failure=False)
     if isinstance(error, BaseException):
-        return f"{type(error).__name__}: {error}"
-    return state.message or state.name
+        # a server that was down (the canary says so) can be started: then Retry succeeds
+        can_succeed = is_transient(error) or getattr(error, "server_down", False)
+        return f"{type(error).__name__}: {error}", can_succeed
+    return state.message or state.name, False
 
 
 def stage_failure(
@@ -115,7 +118,8 @@ def stage_failure(
 ) -> dict[str, Any]:
     """The `run.json` entry of a failed stage: its error and what its partial folder holds."""
     key, partial = partial_folder(stage, config, inputs)
-    return failure_entry(key, partial, failure_message(state), seconds)
+    error, retry_can_succeed = failure_message(state)
+    return failure_entry(key, partial, error, seconds, retry_can_succeed)
 
 
 def report_stage_failure(task: Task, task_run: TaskRun, state: State) -> None:

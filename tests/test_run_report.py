@@ -250,3 +250,39 @@ def test_a_new_run_clears_the_run_json_temporary_a_killed_writer_left(tmp_path):
     start_run_record(config_for(work_dir), None, "evaluate", None)
     assert json.loads((work_dir / "run.json").read_text())["stages"] == {}
     assert not dead.exists() and live.exists()
+
+
+def _advice(stage: str, error: str, started_from: str, retry_can_succeed: bool) -> str:
+    entry = {
+        "error": error,
+        "path": f"/w/{stage}/k.partial",
+        "retry_can_succeed": retry_can_succeed,
+    }
+    run = {"config_file": "/w/config.yaml", "started_from": started_from}
+    return failure_note(stage, entry, run)
+
+
+def test_a_passing_fault_in_the_short_form_offers_retry_and_names_the_forms_own_field():
+    note = _advice(
+        "generate", "ConnectError: ConnectError on GET http://127.0.0.1:9/v1/models",
+        "short form", retry_can_succeed=True,
+    )  # fmt: skip
+    assert "**Retry can succeed**" in note
+    assert "the **Retry** button on this flow run's page" in note
+    assert "change `endpoints` (a field of this form)" in note
+    assert "this form's `refresh_from`" in note
+    assert "eaglet run" not in note and "--refresh-from" not in note  # no shell in the UI
+
+
+def test_a_deterministic_failure_says_retry_fails_the_same_way_and_which_setting_to_change():
+    error = "CanaryError: every answer hit generation.max_tokens=8: raise generation.max_tokens"
+    short = _advice("generate", error, "short form", retry_can_succeed=False)
+    assert "Retry" not in short.split("Retry would send the same parameters")[0]
+    assert "**Change** `generation.max_tokens` (not a field of the short form" in short
+    assert "Retry would send the same parameters and fail the same way" in short
+    full = _advice("generate", error, "full form", retry_can_succeed=False)
+    assert "**Change** `generation.max_tokens` (Config → generation → max_tokens)" in full
+    shell = _advice("generate", error, "shell", retry_can_succeed=False)
+    assert "`--set generation.max_tokens=...`" in shell
+    assert "run `eaglet run /w/config.yaml` again" in shell
+    assert "add `--refresh-from generate`" in shell

@@ -1,0 +1,78 @@
+"""What a failed stage tells a person to do, in the terms of the place they started the run: the
+Prefect UI's short form (its own fields), the full form (Config → section → field), or a shell
+(`eaglet run`). Retry is offered only when the same parameters can succeed (a passing fault:
+a connection, a timeout, a busy server); otherwise the advice names the setting to change and
+says that Retry would fail the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from eaglet.config import PipelineConfig
+from eaglet.short_form import SHORT_FORM_FIELDS
+
+StartedFrom = Literal["short form", "full form", "shell"]
+
+# Dotted config keys an error message names (`generation.max_tokens`, `train.device`,
+# `datasets[0].path`): a section of the config, then its fields.
+KEY = re.compile(rf"\b((?:{'|'.join(PipelineConfig.model_fields)})(?:\[\d+\])?(?:\.[a-z_]+)+)")
+
+# A stage whose passing fault most often comes from the setting a user typed: worth naming.
+SETTING_BEHIND_A_PASSING_FAULT = {"generate": "generation.endpoints"}
+
+
+def config_keys_named(text: str) -> list[str]:
+    """The config keys `text` names, in order, each once (`datasets[0].path` as written)."""
+    return list(dict.fromkeys(KEY.findall(text)))
+
+
+def field_for(key: str, started_from: StartedFrom) -> str:
+    """How a config key is reached where the run was started."""
+    plain = re.sub(r"\[\d+\]", "", key)
+    if started_from == "short form":
+        field = SHORT_FORM_FIELDS.get(plain) or SHORT_FORM_FIELDS.get(plain.split(".")[0])
+        if field:
+            return f"`{field}` (a field of this form)"
+        return (
+            f"`{key}` (not a field of the short form: set it in the base config file its "
+            "`config_path` names, or run the `pipeline` deployment, whose form has every setting)"
+        )
+    if started_from == "full form":
+        return f"`{key}` (Config → {' → '.join(plain.split('.'))})"
+    return f"`{key}` in the config file (or `--set {plain}=...`)"
+
+
+def what_to_do(
+    stage: str, entry: dict[str, Any], resume_command: str, started_from: StartedFrom
+) -> list[str]:
+    """The markdown lines that say how to go on after `stage` failed with `entry['error']`."""
+    keys = config_keys_named(entry.get("error", ""))
+    can_retry = bool(entry.get("retry_can_succeed"))
+    if can_retry and not keys and stage in SETTING_BEHIND_A_PASSING_FAULT:
+        keys = [SETTING_BEHIND_A_PASSING_FAULT[stage]]
+    fields = ", ".join(field_for(k, started_from) for k in keys)
+    ui = started_from != "shell"
+    again = (
+        "the **Retry** button on this flow run's page runs it again with the same parameters"
+        if ui
+        else f"`{resume_command}` runs it again"
+    )
+    new_run = (
+        "start a new run (*Run* → *Custom run* on this deployment): Retry would send the same "
+        "parameters and fail the same way"
+        if ui
+        else f"run `{resume_command}` again"
+    )
+    if can_retry:
+        lines = [
+            f"**Retry can succeed**: this looks like a passing fault (a connection, a timeout, a "
+            f"busy server). Once the cause is gone (the server is up again), {again}."
+        ]
+        if fields:
+            lines.append(f"If instead the setting is wrong, change {fields} and {new_run}.")
+        return lines
+    if fields:
+        return [f"**Change** {fields}, then {new_run}."]
+    return [f"**Fix the cause above**, then {new_run}."]
