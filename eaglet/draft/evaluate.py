@@ -530,7 +530,8 @@ def plot_acceptance(report: dict, path: Path, sampled: dict | None = None) -> No
 
     k = report["num_speculative_tokens"]
     xs = list(range(1, k + 1))
-    fig = Figure(figsize=(6, 4))
+    # The legend sits below the axes: inside, it covered the bars at positions 2 to 4.
+    fig = Figure(figsize=(6, 5), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     width = 0.4
@@ -574,8 +575,7 @@ def plot_acceptance(report: dict, path: Path, sampled: dict | None = None) -> No
         title=f"{report.get('method', 'eagle3')} draft: tau = {report['tau']:.2f} over "
         f"{report['num_rounds']} rounds",
     )
-    ax.legend()
-    fig.tight_layout()
+    fig.legend(loc="outside lower center", ncols=2, fontsize="small", frameon=False)
     fig.savefig(str(path), dpi=100)
 
 

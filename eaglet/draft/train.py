@@ -70,7 +70,8 @@ def plot_loss(
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(10, 4))
+    # Legends sit outside the axes (inside, they covered the curves).
+    fig = Figure(figsize=(11, 4), layout="constrained")
     FigureCanvasAgg(fig)
     ax_loss, ax_acc = fig.subplots(1, 2)
     steps = [m["step"] for m in metrics]
@@ -79,19 +80,23 @@ def plot_loss(
         ax_loss.plot(
             [r["step"] for r in heldout], [r["loss"] for r in heldout], "o-", label="held out"
         )
-        ax_loss.legend(loc="upper left")
+        lines = ax_loss.get_lines()
         taus = [r for r in heldout if "tau" in r]
         if taus:  # keep_best: tau, on a second axis: the loss can fall while tau drops
             ax_tau = ax_loss.twinx()
-            ax_tau.plot([r["step"] for r in taus], [r["tau"] for r in taus], "s--", color="tab:red")
+            lines += ax_tau.plot(
+                [r["step"] for r in taus], [r["tau"] for r in taus], "s--", color="tab:red",
+                label="held-out tau (right axis)",
+            )  # fmt: skip
             ax_tau.set_ylabel("held-out tau", color="tab:red")
+        ax_loss.legend(handles=lines, loc="upper center", bbox_to_anchor=(0.5, -0.15),
+                       ncols=3, frameon=False)  # fmt: skip
     ax_loss.set(xlabel="step", ylabel="loss", title=f"{method} training loss")
     for i in range(len(metrics[0]["acc"]) if metrics else 0):
         ax_acc.plot(steps, [m["acc"][i] for m in metrics], label=f"position {i + 1}")
     ax_acc.set(xlabel="step", ylabel="accuracy", title="draft argmax = target argmax", ylim=(0, 1))
     if metrics:
-        ax_acc.legend()
-    fig.tight_layout()
+        ax_acc.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
     fig.savefig(str(path), dpi=100)
 
 
