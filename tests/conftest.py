@@ -1,4 +1,5 @@
-"""Shared fixtures: the fixture target model (built once per session) and the sample data.
+"""Shared fixtures: the fixture target model (built once per session), the sample data, and
+the training world of tests/train_helpers.py with a draft trained on it (once per module).
 
 Set EAGLET_TEST_FIXTURE_MODEL to a folder built by `eaglet fixture-model` to reuse it across
 sessions (`make test` hands over the demo's, or builds one beside the vLLM venv's install).
@@ -55,6 +56,60 @@ def sample_data_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("data")
     write_sample_data(folder, seed=0)
     return folder
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matmuls: one thread is several times faster than two on a shared 2-core box.
+    The modules on the training world (tests/train_helpers.py) use it for all their tests:
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """The training world of tests/train_helpers.py, once per module: the tiny target in
+    `world / "target"` and the hidden-state shards of its greedy answers to 64 random prompts in
+    `world / "hs"`. (Modules with a world of their own define their own `world`.)"""
+    from tests.train_helpers import (
+        ANSWER_LEN,
+        AUX_IDS,
+        greedy_examples,
+        make_target,
+        random_prompts,
+        write_hidden_state_shards,
+    )
+
+    root = tmp_path_factory.mktemp("eagle")
+    model = make_target(root / "target")
+    examples = greedy_examples(model, random_prompts(64, seed=1), ANSWER_LEN)
+    write_hidden_state_shards(root / "target", root / "hs", examples, AUX_IDS)
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(world):
+    """A draft trained on `world` (tests/train_helpers.py's `settings()`) into
+    `world / "run"`, once per module: (its summary, its progress records)."""
+    from eaglet.draft.train import train_draft
+    from tests.train_helpers import AUX_IDS, CONVENTION, settings
+
+    progress = []
+    summary = train_draft(
+        world / "hs",
+        world / "target",
+        world / "run",
+        settings(),
+        AUX_IDS,
+        CONVENTION,
+        progress=progress.append,
+    )
+    return summary, progress
 
 
 def small_run_overrides(work_dir: Path, model_dir: Path, data_dir: Path) -> list[str]:

@@ -129,13 +129,13 @@ def test_layer_ids_and_settings_are_checked():
 
 def test_training_on_shards_lowers_the_loss_and_drafts_the_targets_tokens(tmp_path):
     """DFlash on the greedy answers of a small target whose next token is a fixed permutation of
-    the last one (tests/test_train_eval.py's world): the loss falls, and the trained draft's
+    the last one (tests/train_helpers.py's world): the loss falls, and the trained draft's
     block proposals follow the target better than an untrained one's."""
     from eaglet.config import TargetConfig
     from eaglet.draft.evaluate import evaluate_loaded, load_target
     from eaglet.draft.train import train_draft
     from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
-    from tests.test_train_eval import (
+    from tests.train_helpers import (
         ANSWER_LEN,
         AUX_IDS,
         greedy_examples,

@@ -1,8 +1,8 @@
 """Offline evaluation: the KV-cache path gives exactly what the full-recompute path gives, tau is
 reported for every k, and a trained draft is evaluated from its folder alone, in every export.
 
-Uses the trained draft of tests/test_train_eval.py (a tiny target whose greedy continuation a
-draft learns in seconds, trained with the convention label the pipeline writes)."""
+Uses the trained draft of tests/train_helpers.py's world (a tiny target whose greedy continuation
+a draft learns in seconds, trained with the convention label the pipeline writes)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ from eaglet.draft.checkpoint import load_draft
 from eaglet.draft.evaluate import evaluate_draft, greedy_generate, load_target, speculative_generate
 from eaglet.draft.export import SGLANG_FOLDER, SPECULATORS_FOLDER, write_exports
 from eaglet.draft.rejection import Sampling
-from tests import test_train_eval
-from tests.test_train_eval import AUX_IDS, random_prompts
+from tests.train_helpers import AUX_IDS, random_prompts
 
-# the trained draft and its target, built once for this module by test_train_eval's fixtures
-one_thread, world = test_train_eval.one_thread, test_train_eval.world
-trained = test_train_eval.trained
+# the trained draft and its target, built once for this module by the fixtures `world` and
+# `trained` (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_kv_cache_path_equals_full_recompute(trained, world):

@@ -2,7 +2,7 @@
 the formats users fine-tune (eaglet's three exports, speculators', a vLLM/EAGLE-3 or SpecForge
 checkpoint), and a draft that does not fit the target or the run is refused naming why.
 
-The target and its feature shards are tests/test_train_eval.py's (a tiny Qwen3 whose greedy
+The target and its feature shards are tests/train_helpers.py's (a tiny Qwen3 whose greedy
 continuation a draft learns in seconds). The speculators draft is written in the format
 speculators 0.9.0's trainer writes (its config keys as recorded from a real run in
 tests/test_draft_variants.py, bf16 weights, a frozen copy of the target's embeddings): no
@@ -24,20 +24,14 @@ from eaglet.draft.export import SGLANG_FOLDER, SPECULATORS_FOLDER, write_exports
 from eaglet.draft.init_from import StartingDraftError, read_starting_draft
 from eaglet.draft.train import train_draft
 from eaglet.preflight import PreflightReport, check_init_from
-from tests.test_train_eval import (  # noqa: F401  (fixtures)
-    AUX_IDS,
-    CONVENTION,
-    HIDDEN,
-    VOCAB,
-    make_target,
-    one_thread,
-    settings,
-    world,
-)
+from tests.train_helpers import AUX_IDS, CONVENTION, HIDDEN, VOCAB, make_target, settings
+
+# `world`: tests/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def base(world):  # noqa: F811
+def base(world):
     """A draft trained from scratch on the world's shards, and its three exports."""
     summary = train_draft(
         world / "hs", world / "target", world / "base", settings(epochs=6), AUX_IDS, CONVENTION
@@ -47,13 +41,13 @@ def base(world):  # noqa: F811
     return summary
 
 
-def fine_tune(world, out, folder, **overrides):  # noqa: F811
+def fine_tune(world, out, folder, **overrides):
     config = settings(epochs=1, init_from=str(folder), **overrides)
     return train_draft(world / "hs", world / "target", out, config, AUX_IDS, CONVENTION)
 
 
 @pytest.mark.parametrize("export", ["draft", SGLANG_FOLDER, SPECULATORS_FOLDER])
-def test_training_continues_from_each_of_eaglets_exports(world, base, tmp_path, export):  # noqa: F811
+def test_training_continues_from_each_of_eaglets_exports(world, base, tmp_path, export):
     fresh = train_draft(
         world / "hs", world / "target", tmp_path / "fresh", settings(epochs=1), AUX_IDS, CONVENTION
     )
@@ -72,7 +66,7 @@ def test_training_continues_from_each_of_eaglets_exports(world, base, tmp_path, 
     assert not torch.equal(moved["fc.weight"], start.fc.weight.detach())
 
 
-def speculators_trainer_folder(world, folder):  # noqa: F811
+def speculators_trainer_folder(world, folder):
     """The base draft as speculators' trainer saves one: `layers.0.*`, bf16, a frozen copy of
     the embeddings, its own config keys and no eaglet label."""
     draft, config = load_draft(world / "base" / "draft")
@@ -106,7 +100,7 @@ def speculators_trainer_folder(world, folder):  # noqa: F811
     return folder
 
 
-def test_a_draft_in_speculators_trainers_format_continues_training(world, base, tmp_path):  # noqa: F811
+def test_a_draft_in_speculators_trainers_format_continues_training(world, base, tmp_path):
     folder = speculators_trainer_folder(world, tmp_path / "speculators-ckpt")
     start = read_starting_draft(folder)
     assert start.format == "speculators" and start.aux_layer_ids == AUX_IDS
@@ -114,7 +108,7 @@ def test_a_draft_in_speculators_trainers_format_continues_training(world, base, 
     assert tuned["initial_loss"] < 2 * base["final_loss"] + 0.5, (tuned, base)
 
 
-def vllm_checkpoint(world, folder, ids=None):  # noqa: F811
+def vllm_checkpoint(world, folder, ids=None):
     """The base draft as a peer's vLLM/EAGLE-3 or SpecForge checkpoint: no eaglet label."""
     shutil.copytree(world / "base" / "draft", folder)
     config = json.loads((folder / "config.json").read_text())
@@ -128,7 +122,7 @@ def vllm_checkpoint(world, folder, ids=None):  # noqa: F811
 
 
 def test_a_peers_checkpoint_needs_its_layer_convention_said_when_it_names_ids(
-    world,  # noqa: F811
+    world,
     base,
     tmp_path,
 ):
@@ -145,14 +139,14 @@ def test_a_peers_checkpoint_needs_its_layer_convention_said_when_it_names_ids(
         fine_tune(world, tmp_path / "wrong", folder, init_from_layer_convention="vllm")
 
 
-def test_a_checkpoint_naming_no_ids_takes_eagle3s_default(world, base, tmp_path):  # noqa: F811
+def test_a_checkpoint_naming_no_ids_takes_eagle3s_default(world, base, tmp_path):
     folder = vllm_checkpoint(world, tmp_path / "eagle", ids=None)
     start = read_starting_draft(folder, num_layers=6)
     assert start.aux_layer_ids == [2, 3, 3]  # (2, N//2, N-3) for the 6-layer target
     assert "default" in start.ids_said
 
 
-def test_a_draft_of_another_target_is_refused_before_training(world, base, tmp_path):  # noqa: F811
+def test_a_draft_of_another_target_is_refused_before_training(world, base, tmp_path):
     other = tmp_path / "other-target"
     make_target(other)
     config = json.loads((other / "config.json").read_text())
@@ -187,7 +181,7 @@ def test_a_draft_of_another_target_is_refused_before_training(world, base, tmp_p
     ]
 
 
-def test_the_train_key_holds_the_starting_drafts_content(world, base, tmp_path):  # noqa: F811
+def test_the_train_key_holds_the_starting_drafts_content(world, base, tmp_path):
     folder = tmp_path / "start"
     shutil.copytree(world / "base" / "draft", folder)
     same = tmp_path / "same-elsewhere"
@@ -208,7 +202,7 @@ def test_the_train_key_holds_the_starting_drafts_content(world, base, tmp_path):
 
 @pytest.mark.parametrize("damage", ["cut", "garbage", "nan"])
 def test_a_damaged_starting_draft_is_refused_by_the_preflight_naming_the_file(
-    world,  # noqa: F811
+    world,
     base,
     tmp_path,
     damage,

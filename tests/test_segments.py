@@ -2,7 +2,7 @@
 split gives it, with real tokenizers' formats; each round counts once, for the segment of its
 first verified position; the segments' rounds and emitted tokens add up to the whole
 evaluation's, so the whole τ is their rounds-weighted mean. The evaluator's runs use the tiny
-trained draft of tests/test_train_eval.py."""
+trained draft of tests/train_helpers.py's world."""
 
 from __future__ import annotations
 
@@ -11,12 +11,11 @@ import pytest
 from eaglet.draft.evaluate import evaluate_draft, greedy_generate, load_target
 from eaglet.draft.segments import segment_rounds, token_segments
 from eaglet.reasoning import ThinkOpenInPrompt, detect_format
-from tests import test_train_eval
 from tests.real_tokenizers import o200k_harmony_tokenizer, qwen3_tokenizer
-from tests.test_train_eval import random_prompts
+from tests.train_helpers import random_prompts
 
-one_thread, world = test_train_eval.one_thread, test_train_eval.world
-trained = test_train_eval.trained
+# `world` and `trained`: tests/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_every_token_of_a_qwen3_answer_has_its_segment():

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from eaglet.config import TargetConfig, TrainConfig
 from eaglet.draft.launch import launch, run_job, torchrun_command, train_job
-from tests.test_train_eval import (
+from tests.train_helpers import (
     ANSWER_LEN,
     AUX_IDS,
     CONVENTION,

@@ -5,6 +5,8 @@ lm_head maps token v's embedding to the row of perm[v]: its greedy continuation 
 permutation (with the random layers as small context noise), so a draft can learn it in seconds.
 The training data are the target's own greedy answers to random prompts, written into shards by
 the pipeline's own `extract_hidden_states`, so a format change cannot pass unnoticed.
+That world is in tests/train_helpers.py; its fixtures (`one_thread`, `world`, `trained`), which
+other modules share, are in tests/conftest.py.
 """
 
 import json
@@ -12,9 +14,8 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from eaglet.config import HiddenStatesConfig, PipelineConfig, TargetConfig, TrainConfig
+from eaglet.config import TargetConfig, TrainConfig
 from eaglet.draft.checkpoint import load_draft
 from eaglet.draft.evaluate import (
     evaluate_draft,
@@ -28,117 +29,19 @@ from eaglet.draft.train import setup, train_draft, train_step
 from eaglet.draft.train_data import HiddenStatesData, epoch_order, length_groups, micro_batches
 from eaglet.draft.ttt_loss import ttt_unroll
 from eaglet.errors import NonFiniteError
-from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
-from eaglet.hidden_states.stage import stage_body
 from eaglet.records.examples import Example
-from eaglet.records.io import write_jsonl
+from tests.train_helpers import (
+    ANSWER_LEN,
+    AUX_IDS,
+    CONVENTION,
+    HIDDEN,
+    PROMPT_LEN,
+    VOCAB,
+    random_prompts,
+    settings,
+)
 
-HIDDEN, VOCAB, LAYERS, PROMPT_LEN, ANSWER_LEN = 64, 300, 6, 12, 40
-AUX_IDS = [1, 3, 5]  # HF hidden_states indices (vLLM convention)
-CONVENTION = AUX_LAYER_CONVENTION  # what the pipeline writes
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls: one thread is several times faster than two on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def make_target(path, seed: int = 0) -> Qwen3ForCausalLM:
-    config = Qwen3Config(
-        hidden_size=HIDDEN,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        intermediate_size=128,
-        num_hidden_layers=LAYERS,
-        vocab_size=VOCAB,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        initializer_range=0.02,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).eval()
-    g = torch.Generator().manual_seed(seed)
-    embed = torch.randn(VOCAB, HIDDEN, generator=g)  # std 1: dominates the 0.02-init layers
-    perm = torch.randperm(VOCAB, generator=g)
-    lm_head = torch.zeros(VOCAB, HIDDEN)
-    lm_head[perm] = embed / HIDDEN**0.5  # token v -> greedy perm[v], margin ~ sqrt(HIDDEN)
-    with torch.no_grad():
-        model.model.embed_tokens.weight.copy_(embed)
-        model.lm_head.weight.copy_(lm_head)
-    model.save_pretrained(path)
-    return model
-
-
-def random_prompts(n: int, seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(1, VOCAB, (n, PROMPT_LEN), generator=g).tolist()
-
-
-@torch.no_grad()
-def greedy_examples(model, prompts, answer_len) -> list[Example]:
-    """The target's greedy answers to `prompts` as extract-stage records (answer = model output)."""
-    sequences = model.generate(
-        torch.tensor(prompts), do_sample=False, max_new_tokens=answer_len, min_new_tokens=answer_len
-    )
-    return [
-        Example(
-            sample_id=f"s{row}",
-            source="random",
-            reasoning="",
-            content="",
-            input_ids=seq.tolist(),
-            loss_mask=[0] * len(prompt) + [1] * (len(seq) - len(prompt)),
-            finish_reason="length",
-        )
-        for row, (prompt, seq) in enumerate(zip(prompts, sequences, strict=True))
-    ]
-
-
-def write_hidden_state_shards(target_dir, out_dir, examples, aux_ids) -> dict:
-    """Shards + index.jsonl written by the pipeline's own hidden_states stage body (hf backend,
-    float32 storage), from an examples.jsonl as the extract stage writes it."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    examples_path = out_dir.parent / f"{out_dir.name}-examples.jsonl"
-    write_jsonl(examples_path, examples)
-    config = PipelineConfig(
-        work_dir=str(out_dir.parent),
-        target=TargetConfig(model=str(target_dir), device="cpu"),
-        hidden_states=HiddenStatesConfig(
-            aux_layer_ids=aux_ids, shard_tokens=16 * 52, batch_size=8, storage="float32"
-        ),
-    )
-    return stage_body(config, examples_path, report=lambda line: None)(out_dir).info
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("eagle")
-    model = make_target(root / "target")
-    examples = greedy_examples(model, random_prompts(64, seed=1), ANSWER_LEN)
-    write_hidden_state_shards(root / "target", root / "hs", examples, AUX_IDS)
-    return root
-
-
-def settings(**overrides) -> TrainConfig:
-    kw = dict(
-        epochs=20,
-        lr=1e-2,
-        batch_size=8,
-        draft_vocab_size=256,
-        warmup_steps=5,
-        log_every=5,
-        intermediate_size=128,
-        seed=0,
-    )
-    return TrainConfig(**(kw | overrides))
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_shards_follow_the_contract(world):
@@ -151,21 +54,6 @@ def test_shards_follow_the_contract(world):
     logits = target.lm_head(item["final_hidden_states"])
     ref = target(item["input_ids"][None], use_cache=False).logits[0]
     torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
-
-
-@pytest.fixture(scope="module")
-def trained(world):
-    progress = []
-    summary = train_draft(
-        world / "hs",
-        world / "target",
-        world / "run",
-        settings(),
-        AUX_IDS,
-        CONVENTION,
-        progress=progress.append,
-    )
-    return summary, progress
 
 
 def test_training_lowers_loss_and_writes_outputs(trained, world):

@@ -18,7 +18,7 @@ from eaglet.draft.train import train_draft
 from eaglet.draft.train_data import HiddenStatesData
 from eaglet.hidden_states.hf import HFBackend
 from eaglet.records.io import write_jsonl
-from tests.test_train_eval import (
+from tests.train_helpers import (
     ANSWER_LEN,
     AUX_IDS,
     CONVENTION,

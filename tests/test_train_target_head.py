@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from eaglet.config import TargetConfig
 from eaglet.draft.target_head import load_target_head
-from tests.test_train_eval import HIDDEN, VOCAB, make_target
+from tests.train_helpers import HIDDEN, VOCAB, make_target
 
 
 @pytest.fixture(scope="module")
