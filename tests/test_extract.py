@@ -1,7 +1,7 @@
 """Extraction: examples from token ids whatever the server's text said, the server cross-check
 and its report, the loss mask against shifted next-token targets, the loss-mask viewer.
 
-Runs on Qwen3's real tokenizer (see tests/test_reasoning_golden.py for where it comes from).
+Runs on Qwen3's real tokenizer (see tests/real_tokenizers.py for where it comes from).
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ from eaglet.records.generations import Generation
 from eaglet.records.io import read_jsonl, write_jsonl
 from eaglet.records.prompts import Prompt
 from eaglet.target import load_tokenizer
-from tests.test_reasoning_golden import qwen3_tokenizer
+from tests.extract_helpers import (
+    gate_report,
+    generation_variants,
+    make_generation,
+    qwen3_thinking_setup,
+)
 
-QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
-# A Qwen3-thinking turn: the prompt ends with `<think>\n`, the model writes the rest.
-OUTPUT = "Two plus two is four.\n</think>\n\nThe answer is 4.<|im_end|>"
 REASONING, CONTENT = "Two plus two is four.", "The answer is 4."
 
 # The same generation as three servers return its text (the seeds' bug: (a) put the thinking
@@ -49,36 +51,6 @@ OTHER_REASONING = {"reasoning": "Two plus two is five.", "content": "The answer 
 NO_THINKING_SHOWN = {"content": "The answer is 4."}
 
 
-def _setup():
-    tokenizer = qwen3_tokenizer()
-    reasoning_format = detect_format(tokenizer, "think_open_in_prompt")
-    prompt_text = tokenizer.apply_chat_template(
-        QUESTION, add_generation_prompt=True, tokenize=False
-    )
-    prompt_text += "<think>\n"
-    prompt = Prompt(
-        sample_id="s",
-        source="chat",
-        prompt_ids=tokenizer.encode(prompt_text, add_special_tokens=False),
-        prompt_text=prompt_text,
-        messages=QUESTION,
-    )
-    end_ids = {tokenizer.convert_tokens_to_ids("<|im_end|>")}
-    return tokenizer, reasoning_format, prompt, end_ids
-
-
-def _generation(prompt: Prompt, tokenizer, raw: dict, sample_id: str = "s", source: str = "chat"):
-    return Generation(
-        sample_id=sample_id,
-        source=source,
-        prompt_ids=prompt.prompt_ids,
-        output_ids=tokenizer.encode(OUTPUT, add_special_tokens=False),
-        finish_reason="stop",
-        engine="openai" if raw else "local",
-        raw=raw,
-    )
-
-
 def _trained_view(example: Example) -> tuple:
     return (
         example.input_ids,
@@ -90,10 +62,10 @@ def _trained_view(example: Example) -> tuple:
 
 
 def test_the_seeds_bug_replayed_gives_the_same_example_whatever_the_server_parsed():
-    tokenizer, reasoning_format, prompt, end_ids = _setup()
+    tokenizer, reasoning_format, prompt, end_ids = qwen3_thinking_setup()
     examples = {
         name: build_example(
-            _generation(prompt, tokenizer, raw), tokenizer, reasoning_format, end_ids
+            make_generation(prompt, tokenizer, raw), tokenizer, reasoning_format, end_ids
         )
         for name, raw in [
             ("no reasoning parser", NO_PARSER),
@@ -111,16 +83,16 @@ def test_the_seeds_bug_replayed_gives_the_same_example_whatever_the_server_parse
 
 
 def test_a_server_text_that_really_differs_is_flagged():
-    tokenizer, reasoning_format, prompt, end_ids = _setup()
+    tokenizer, reasoning_format, prompt, end_ids = qwen3_thinking_setup()
     for raw in (OTHER_REASONING, NO_THINKING_SHOWN):
-        generation = _generation(prompt, tokenizer, raw)
+        generation = make_generation(prompt, tokenizer, raw)
         example = build_example(generation, tokenizer, reasoning_format, end_ids)
         assert "server_reasoning_disagrees" in example.flags, raw
         assert (example.reasoning, example.content) == (REASONING, CONTENT)
 
 
 def test_extract_writes_both_texts_of_each_disagreement_and_counts_servers_per_source(tmp_path):
-    tokenizer, reasoning_format, prompt, end_ids = _setup()
+    tokenizer, reasoning_format, prompt, end_ids = qwen3_thinking_setup()
     records = [
         ("a", "chat", NO_PARSER),
         ("b", "chat", REASONING_FIELD),
@@ -131,7 +103,7 @@ def test_extract_writes_both_texts_of_each_disagreement_and_counts_servers_per_s
     write_jsonl(
         tmp_path / "generations.jsonl",
         [
-            _generation(prompt, tokenizer, raw, sample_id, source)
+            make_generation(prompt, tokenizer, raw, sample_id, source)
             for sample_id, source, raw in records
         ],
     )
@@ -196,8 +168,8 @@ def test_first_output_token_is_a_target_and_no_prompt_token_is():
     the last prompt position predicts the first output token and counts; no position whose
     target is a prompt token counts. The draft's step 0 (the trainer's shift of 2) counts the
     first output token too."""
-    tokenizer, reasoning_format, prompt, end_ids = _setup()
-    generation = _generation(prompt, tokenizer, {})
+    tokenizer, reasoning_format, prompt, end_ids = qwen3_thinking_setup()
+    generation = make_generation(prompt, tokenizer, {})
     example = build_example(generation, tokenizer, reasoning_format, end_ids)
     mask = torch.tensor([example.loss_mask])
     ids = example.input_ids
@@ -246,23 +218,6 @@ def test_a_cut_off_tool_call_is_reported_as_a_template_mismatch_not_a_crash(fixt
 # --- the quality gate: one test per branch ---------------------------------------------------
 
 
-def _gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids) -> dict:
-    write_jsonl(tmp_path / "generations.jsonl", generations)
-    write_jsonl(
-        tmp_path / "prompts.jsonl",
-        [prompt.model_copy(update={"sample_id": g.sample_id}) for g in generations],
-    )
-    return write_examples(
-        tmp_path / "generations.jsonl",
-        [tmp_path / "prompts.jsonl"],
-        tmp_path,
-        tokenizer,
-        reasoning_format,
-        end_ids,
-        {},
-    )
-
-
 def _gate_error(report: dict, reasons: bool, **thresholds) -> str | None:
     try:
         check_quality_gate(report, reasons, ReasoningConfig(**thresholds))
@@ -271,27 +226,20 @@ def _gate_error(report: dict, reasons: bool, **thresholds) -> str | None:
     return None
 
 
-def _variants(prompt, tokenizer, n: int, **changes) -> list[Generation]:
-    return [
-        _generation(prompt, tokenizer, {}, sample_id=f"g{i}").model_copy(update=changes)
-        for i in range(n)
-    ]
-
-
 def test_quality_gate_passes_good_data(tmp_path):
-    tokenizer, reasoning_format, prompt, end_ids = _setup()
-    generations = _variants(prompt, tokenizer, 4)
-    report = _gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
+    tokenizer, reasoning_format, prompt, end_ids = qwen3_thinking_setup()
+    generations = generation_variants(prompt, tokenizer, 4)
+    report = gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
     assert _gate_error(report, reasoning_format.reasons) is None
 
 
 def test_quality_gate_fails_on_low_capture(tmp_path):
-    tokenizer, reasoning_format, prompt, end_ids = _setup()
+    tokenizer, reasoning_format, prompt, end_ids = qwen3_thinking_setup()
     unclosed = tokenizer.encode("Still thinking, never closed.<|im_end|>", add_special_tokens=False)
-    generations = _variants(prompt, tokenizer, 3) + _variants(
+    generations = generation_variants(prompt, tokenizer, 3) + generation_variants(
         prompt, tokenizer, 1, output_ids=unclosed, sample_id="open"
     )
-    report = _gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
+    report = gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
     assert report["reasoning_capture_rate"] == 0.75
     error = _gate_error(report, True)  # default min_capture_rate 0.8
     assert error and "reasoning.min_capture_rate=80%" in error and "'open'" in error
@@ -299,9 +247,9 @@ def test_quality_gate_fails_on_low_capture(tmp_path):
 
 
 def test_quality_gate_fails_on_truncation(tmp_path):
-    tokenizer, reasoning_format, prompt, end_ids = _setup()
-    generations = _variants(prompt, tokenizer, 2, finish_reason="length")
-    report = _gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
+    tokenizer, reasoning_format, prompt, end_ids = qwen3_thinking_setup()
+    generations = generation_variants(prompt, tokenizer, 2, finish_reason="length")
+    report = gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
     error = _gate_error(report, True)
     assert error and "reasoning.max_truncation_rate=20%" in error
 
@@ -309,10 +257,10 @@ def test_quality_gate_fails_on_truncation(tmp_path):
 def test_quality_gate_fails_on_the_seeds_signature(tmp_path):
     """The target thinks, but extraction was told it does not (reasoning.format=none, as a
     wrong kwarg or format would make it): every answer holds the thinking and its tag."""
-    tokenizer, _, prompt, end_ids = _setup()
+    tokenizer, _, prompt, end_ids = qwen3_thinking_setup()
     no_reasoning = detect_format(tokenizer, "none")
-    generations = _variants(prompt, tokenizer, 4)
-    report = _gate_report(tmp_path, generations, prompt, no_reasoning, tokenizer, end_ids)
+    generations = generation_variants(prompt, tokenizer, 4)
+    report = gate_report(tmp_path, generations, prompt, no_reasoning, tokenizer, end_ids)
     assert report["per_source"]["chat"]["thinking_in_answer"] == 4
     error = _gate_error(report, no_reasoning.reasons)
     assert error and "reasoning.max_thinking_in_answer_rate=5%" in error
@@ -321,10 +269,10 @@ def test_quality_gate_fails_on_the_seeds_signature(tmp_path):
 
 def test_quality_gate_fails_on_prompts_the_template_does_not_render(tmp_path):
     """The server rendered another prompt than the configured template (SpecForge #296)."""
-    tokenizer, reasoning_format, prompt, end_ids = _setup()
+    tokenizer, reasoning_format, prompt, end_ids = qwen3_thinking_setup()
     other = prompt.prompt_ids[:-2] + tokenizer.encode("\n\n", add_special_tokens=False)
-    generations = _variants(prompt, tokenizer, 4, prompt_ids=other)
-    report = _gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
+    generations = generation_variants(prompt, tokenizer, 4, prompt_ids=other)
+    report = gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
     assert report["per_source"]["chat"]["prompt_template_mismatches"] == 4
     error = _gate_error(report, True)
     assert error and "reasoning.max_prompt_mismatch_rate=5%" in error
@@ -334,10 +282,10 @@ def test_quality_gate_fails_on_prompts_the_template_does_not_render(tmp_path):
 def test_capture_rate_never_exceeds_one_when_a_truncated_answer_closed_its_reasoning(tmp_path):
     """Truncated records leave the rate's denominator; one whose reasoning closed before the
     cut must leave its numerator too (it read 133% here before)."""
-    tokenizer, reasoning_format, prompt, end_ids = _setup()
-    generations = _variants(prompt, tokenizer, 3) + _variants(
+    tokenizer, reasoning_format, prompt, end_ids = qwen3_thinking_setup()
+    generations = generation_variants(prompt, tokenizer, 3) + generation_variants(
         prompt, tokenizer, 1, finish_reason="length", sample_id="cut"
     )
-    report = _gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
+    report = gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
     assert report["reasoning_capture_rate"] == 1.0
     assert all(f["reasoning_capture_rate"] <= 1.0 for f in report["per_source"].values())

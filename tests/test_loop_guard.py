@@ -13,8 +13,8 @@ from eaglet.loop_guard import LoopDetector, first_loop
 from eaglet.records.generations import Generation
 from eaglet.records.io import read_jsonl
 from tests.engine_helpers import TOKENIZER, collect, engine_for, make_config, make_prompt
+from tests.extract_helpers import gate_report, generation_variants, qwen3_thinking_setup
 from tests.fake_servers import FakeServer, serve
-from tests.test_extract import _gate_report, _setup, _variants
 
 
 def test_a_repeated_paragraph_is_caught_after_the_set_number_of_rounds():
@@ -87,11 +87,11 @@ def test_the_engine_stops_looping_answers_and_keeps_the_others_token_exact(engin
 
 
 def test_extract_drops_looped_rows_or_keeps_them_and_counts_them(tmp_path):
-    tokenizer, reasoning_format, prompt, end_ids = _setup()
-    generations = _variants(prompt, tokenizer, 3) + _variants(
+    tokenizer, reasoning_format, prompt, end_ids = qwen3_thinking_setup()
+    generations = generation_variants(prompt, tokenizer, 3) + generation_variants(
         prompt, tokenizer, 1, finish_reason="loop", sample_id="looped-1"
     )
-    dropped = _gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
+    dropped = gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
     examples = [json.loads(line) for line in (tmp_path / "examples.jsonl").open()]
     assert [e["sample_id"] for e in examples] == ["g0", "g1", "g2"]
     assert dropped["looped"] == 1 and dropped["records"] == 3
