@@ -23,36 +23,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ROOT, small_run_overrides
-from tests.vllm_server import free_port, stop_process_group
+from tests.conftest import ROOT
+from tests.prefect_server_helpers import STAGES, RetryingTransport
+from tests.prefect_server_helpers import api_run_config as _config
+from tests.prefect_server_helpers import finished_run as _finished
+from tests.prefect_server_helpers import start_prefect_server as _start_prefect_server
+from tests.prefect_server_helpers import start_process as _start
+from tests.prefect_server_helpers import stop_process as _stop
+from tests.prefect_server_helpers import task_states as _states
+from tests.prefect_server_helpers import wait_for as _wait_for
+from tests.vllm_server import free_port
 
 pytestmark = pytest.mark.slow
-
-
-def _start(command: list[str], env: dict, log: Path, cwd: Path = ROOT) -> subprocess.Popen:
-    return subprocess.Popen(
-        command,
-        cwd=cwd,
-        env=env,
-        stdout=open(log, "w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def _stop(process: subprocess.Popen) -> None:
-    # Prefect workers and runners ignore SIGTERM in some states: SIGINT first, then SIGKILL.
-    stop_process_group(process, signal.SIGINT, grace_s=20)
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 def _copy_project(destination: Path) -> Path:
@@ -61,41 +43,6 @@ def _copy_project(destination: Path) -> Path:
             ROOT / part, destination / part, ignore=shutil.ignore_patterns("__pycache__")
         )
     return destination
-
-
-def _start_prefect_server(port: int, env: dict, log: Path) -> subprocess.Popen:
-    """`prefect server start` on `port`, once its API answers (stopped if it never does)."""
-    prefect = str(Path(sys.executable).with_name("prefect"))
-    server = _start(
-        [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, log
-    )
-
-    def healthy():
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        _wait_for(healthy, 90, "the Prefect server")
-    except TimeoutError:
-        _stop(server)
-        raise
-    return server
-
-
-class RetryingTransport(httpx.HTTPTransport):
-    """Retries 429, 502 and 503 as Prefect's own client does: a SQLite-backed server on a
-    loaded machine answers 503 while its database is busy."""
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        for attempt in range(6):
-            response = super().handle_request(request)
-            if response.status_code not in (429, 502, 503) or attempt == 5:
-                return response
-            response.close()
-            time.sleep(1 + attempt)
-        raise AssertionError("unreachable")
 
 
 SERVED = {"pipeline", "pipeline-short-form", "generate-only"}  # what `eaglet serve` serves
@@ -160,9 +107,6 @@ def served(tmp_path_factory):
         _stop(server)
 
 
-STAGES = ("download", "tokenize", "generate", "extract", "hidden_states", "train", "evaluate")
-
-
 def _run(client: httpx.Client, deployment_id: str, parameters: dict) -> tuple[dict, dict]:
     """Trigger a run through the API; return its final flow run and {task name: task run}."""
     response = client.post(
@@ -170,20 +114,6 @@ def _run(client: httpx.Client, deployment_id: str, parameters: dict) -> tuple[di
     )
     response.raise_for_status()
     return _finished(client, response.json()["id"])
-
-
-def _finished(client: httpx.Client, run_id: str) -> tuple[dict, dict]:
-    """Wait for a flow run to end; return it and {task name: task run}."""
-
-    def finished():
-        run = client.get(f"/flow_runs/{run_id}").json()
-        return run if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED") else None
-
-    run = _wait_for(finished, 900, f"flow run {run_id}")
-    task_runs = client.post(
-        "/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}}
-    ).json()
-    return run, {t["name"]: t for t in task_runs}
 
 
 def _artifact(client: httpx.Client, run_id: str, key: str, field: str = "data") -> str:
@@ -195,17 +125,6 @@ def _artifact(client: httpx.Client, run_id: str, key: str, field: str = "data") 
     ).json()
     assert len(found) == 1, f"{len(found)} artifacts {key!r} in flow run {run_id}"
     return found[0][field]
-
-
-def _states(tasks: dict, name: str, stages=STAGES) -> dict[str, str]:
-    return {stage: tasks[f"{stage}[{name}]"]["state"]["name"] for stage in stages}
-
-
-def _config(tmp_path: Path, fixture_model_dir: Path, sample_data_dir: Path, *extra: str) -> dict:
-    from eaglet.config import load_config
-
-    overrides = [*small_run_overrides(tmp_path / "work", fixture_model_dir, sample_data_dir)]
-    return load_config(None, [*overrides, "name=api", *extra]).model_dump(mode="json")
 
 
 def test_api_runs_complete_then_come_back_cached(

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_prefect_server import RetryingTransport, _start, _stop, _wait_for
+from tests.prefect_server_helpers import RetryingTransport, start_process, stop_process, wait_for
 from tests.vllm_server import free_port
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,7 @@ def test_a_schedule_added_in_the_ui_survives_a_serve_restart(tmp_path):
     }
     prefect = str(Path(sys.executable).with_name("prefect"))
     command = [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"]
-    server = _start(command, env, tmp_path / "server.log")
+    server = start_process(command, env, tmp_path / "server.log")
     client = httpx.Client(base_url=api, timeout=30, transport=RetryingTransport())  # 503: busy
     serving = None
 
@@ -39,10 +39,10 @@ def test_a_schedule_added_in_the_ui_survives_a_serve_restart(tmp_path):
         return next((d for d in found if d["name"] == "pipeline"), None)
 
     def serve(log: str):
-        process = _start(
+        process = start_process(
             [sys.executable, "-m", "eaglet_prefect.flows.cli", "serve"], env, tmp_path / log
         )
-        return process, _wait_for(deployment, 180, "the served deployment")
+        return process, wait_for(deployment, 180, "the served deployment")
 
     try:
         serving, first = serve("serve-1.log")
@@ -52,14 +52,14 @@ def test_a_schedule_added_in_the_ui_survives_a_serve_restart(tmp_path):
             json=[{"schedule": {"cron": "0 3 * * *", "timezone": "UTC"}, "active": True}],
         )
         assert added.status_code == 201, added.text
-        _stop(serving)
+        stop_process(serving)
         serving, again = serve("serve-2.log")
-        _wait_for(lambda: not deployment()["paused"], 60, "the deployment unpaused")
+        wait_for(lambda: not deployment()["paused"], 60, "the deployment unpaused")
         again = deployment()
         assert again["id"] == first["id"]
         schedules = [(s["schedule"].get("cron"), s["active"]) for s in again["schedules"]]
         assert schedules == [("0 3 * * *", True)], again["schedules"]
     finally:
         if serving is not None:
-            _stop(serving)
-        _stop(server)
+            stop_process(serving)
+        stop_process(server)

@@ -14,15 +14,15 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.test_prefect_server import (
+from tests.prefect_server_helpers import (
     STAGES,
     RetryingTransport,
-    _config,
-    _finished,
-    _start,
-    _start_prefect_server,
-    _states,
-    _stop,
+    api_run_config,
+    finished_run,
+    start_prefect_server,
+    start_process,
+    stop_process,
+    task_states,
 )
 from tests.vllm_server import free_port
 
@@ -62,7 +62,7 @@ def test_a_work_pool_worker_runs_the_deployments_of_prefect_yaml(
         "PREFECT_WORKER_QUERY_SECONDS": "2",
         "PREFECT_CLI_PROMPT": "false",  # no TTY here: deploy must not ask
     }
-    server = _start_prefect_server(port, env, tmp_path / "server.log")
+    server = start_prefect_server(port, env, tmp_path / "server.log")
     worker = None
     try:
         client = httpx.Client(base_url=api, timeout=30, transport=RetryingTransport())
@@ -74,7 +74,7 @@ def test_a_work_pool_worker_runs_the_deployments_of_prefect_yaml(
                 stdout=open(tmp_path / "deploy.log", "ab"), stderr=subprocess.STDOUT,
             )  # fmt: skip
             assert done.returncode == 0, (tmp_path / "deploy.log").read_text()[-3000:]
-        worker = _start(["bash", "-euc", commands[2]], env, tmp_path / "worker.log")
+        worker = start_process(["bash", "-euc", commands[2]], env, tmp_path / "worker.log")
 
         deployments = {d["name"]: d for d in client.post("/deployments/filter", json={}).json()}
         assert {"pipeline", "pipeline-short-form", "generate-only", "nightly-rerun"} <= set(
@@ -87,7 +87,9 @@ def test_a_work_pool_worker_runs_the_deployments_of_prefect_yaml(
 
         base = tmp_path / "base.yaml"
         base.write_text(
-            yaml.safe_dump(_config(tmp_path, fixture_model_dir, sample_data_dir, "name=pool"))
+            yaml.safe_dump(
+                api_run_config(tmp_path, fixture_model_dir, sample_data_dir, "name=pool")
+            )
         )
         work_dir = tmp_path / "pool-work"
         response = client.post(
@@ -95,15 +97,15 @@ def test_a_work_pool_worker_runs_the_deployments_of_prefect_yaml(
             json={"parameters": {"config_path": str(base), "work_dir": str(work_dir)}},
         )
         response.raise_for_status()
-        run, tasks = _finished(client, response.json()["id"])
+        run, tasks = finished_run(client, response.json()["id"])
         assert run["state"]["type"] == "COMPLETED", (
             run["state"],
             (tmp_path / "worker.log").read_text()[-3000:],
         )
-        assert _states(tasks, "pool") == dict.fromkeys(STAGES, "Completed")
+        assert task_states(tasks, "pool") == dict.fromkeys(STAGES, "Completed")
         record = json.loads((work_dir / "run.json").read_text())
         assert record["work_dir"] == str(work_dir)
     finally:
         if worker is not None:
-            _stop(worker)
-        _stop(server)
+            stop_process(worker)
+        stop_process(server)
