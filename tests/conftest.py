@@ -25,6 +25,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Helper modules that assert, rewritten as test modules are so that a failure shows its values.
+pytest.register_assert_rewrite("tests.work_dir_lock_helpers")
+
 # Every Prefect temporary server a test (or a run it starts) brings up migrates a fresh SQLite
 # database first; on a loaded CI machine that takes longer than Prefect's 20 s default.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")

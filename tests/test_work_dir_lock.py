@@ -8,31 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
 from eaglet import work_dir_lock
 from eaglet.work_dir_lock import WorkDirLocked, acquire, read_holder, release
-
-HOLD = textwrap.dedent(
-    """
-    import sys, time
-    from eaglet.work_dir_lock import acquire
-    acquire(sys.argv[1], flow_run="run-a")
-    print("held", flush=True)
-    time.sleep(600)
-    """
-)
-
-
-def hold_in_another_process(work_dir: Path) -> subprocess.Popen:
-    process = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(work_dir)], stdout=subprocess.PIPE, text=True
-    )
-    assert process.stdout.readline().strip() == "held"
-    return process
+from tests.work_dir_lock_helpers import hold_in_another_process
 
 
 def test_a_second_process_is_refused_naming_the_holder(tmp_path):

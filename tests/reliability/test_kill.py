@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from eaglet.stages import STAGES
-from tests.conftest import small_run_overrides
 from tests.reliability.conftest import (
     kill_group,
     kill_marked,
@@ -31,6 +30,7 @@ from tests.reliability.conftest import (
     temporary_leftovers,
     wait_for_no_marked_processes,
 )
+from tests.reliability.run_helpers import disk_signature, run_args, stage_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
@@ -42,46 +42,6 @@ RUN_TIMEOUT_S = 900
 VOLATILE = {"manifest.json", "metrics.jsonl", "loss.png", "acceptance.png"}
 STAGE_FOLDER = re.compile(r"^\S*?/([a-z_]+)/[0-9a-f]{20}(?=/|$)")
 VOLATILE_KEYS = {"elapsed_s", "seconds", "started", "finished", "requests_per_s", "time"}
-
-
-def write_config(folder: Path, model_dir: Path, data_dir: Path) -> Path:
-    """A config file holding the small test pipeline (the overrides go in as --set)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "config.yaml"
-    path.write_text("name: kill\n")
-    return path
-
-
-def run_args(folder: Path, model_dir: Path, data_dir: Path) -> list[str]:
-    args = ["run", str(write_config(folder, model_dir, data_dir))]
-    for override in small_run_overrides(folder / "work", model_dir, data_dir):
-        args += ["--set", override]
-    return args
-
-
-def stage_state(work_dir: Path, stage: str) -> tuple[bool, bool]:
-    """(a `.partial` folder of `stage` exists, a finished folder of `stage` exists)."""
-    try:
-        names = [entry.name for entry in (work_dir / stage).iterdir()]
-    except FileNotFoundError:
-        return False, False
-    partial = any(name.endswith(".partial") for name in names)
-    finished = any((work_dir / stage / name / "manifest.json").exists() for name in names)
-    return partial, finished
-
-
-def disk_signature(work_dir: Path, stages: list[str]) -> frozenset:
-    """Every path under the folders of `stages`, with inode, mtime and size: it changes when
-    a run starts (or resumes) one of these stages."""
-    items = []
-    for stage in stages:
-        for path in (work_dir / stage).rglob("*"):
-            try:
-                info = path.stat()
-            except FileNotFoundError:  # renamed meanwhile
-                continue
-            items.append((str(path), info.st_ino, info.st_mtime_ns, info.st_size))
-    return frozenset(items)
 
 
 def watch_uninterrupted_run(folder: Path, args: list[str]) -> dict[str, float]:

@@ -39,7 +39,7 @@ from tests.reliability.conftest import (
     temporary_leftovers,
     wait_for_no_marked_processes,
 )
-from tests.reliability.test_kill import disk_signature, stage_state
+from tests.reliability.run_helpers import disk_signature, stage_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
 

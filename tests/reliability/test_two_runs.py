@@ -27,8 +27,8 @@ from tests.reliability.conftest import (
     temporary_leftovers,
     wait_for_no_marked_processes,
 )
-from tests.reliability.test_kill import disk_signature, run_args
-from tests.test_work_dir_lock import hold_in_another_process
+from tests.reliability.run_helpers import disk_signature, run_args
+from tests.work_dir_lock_helpers import hold_in_another_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
