@@ -60,7 +60,7 @@ def test_the_full_form_has_no_toggles_and_prefect_takes_its_defaults():
     still refuses what the config refuses."""
     from prefect.utilities.schema_tools import validate
 
-    from tests.test_short_form import nullable_fields
+    from tests.form_schema_helpers import nullable_fields
 
     schema = parameter_schema(pipeline).model_dump()
     assert nullable_fields(schema) == []

@@ -25,8 +25,8 @@ from eaglet.generation import (
 from eaglet.records.generations import Generation
 from eaglet.records.io import read_jsonl, repair_and_read_ids, write_jsonl
 from eaglet.records.prompts import Prompt
+from tests.engine_helpers import TOKENIZER, make_config, make_prompt
 from tests.fake_servers import EOS_ID, FakeServer, serve
-from tests.test_http_engines import TOKENIZER, make_config, make_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 

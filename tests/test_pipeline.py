@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,15 +11,11 @@ from pathlib import Path
 import pytest
 
 from eaglet.work_dir_status import inspect_work_dir
-from tests.conftest import ROOT, run_cli, small_run_overrides
+from tests.conftest import run_cli, small_run_overrides
+from tests.pipeline_helpers import copy_project, stage_states
 
 pytestmark = pytest.mark.slow
 STAGES = ["download", "tokenize", "generate", "extract", "hidden_states", "train", "evaluate"]
-
-
-def stage_states(work_dir: Path) -> dict[str, str]:
-    run = json.loads((work_dir / "run.json").read_text())
-    return {stage: figures["state"] for stage, figures in run["stages"].items()}
 
 
 def test_demo_runs_every_stage_then_reruns_fully_cached(tmp_path):
@@ -73,14 +68,6 @@ def test_demo_runs_every_stage_then_reruns_fully_cached(tmp_path):
     assert looped, "the demo's fixture loops on some prompt"
     dropped = run_cli(["inspect", str(work_dir), "--sample", looped[0]], cwd=tmp_path)
     assert dropped.returncode == 2 and "the loop guard stopped its answer" in dropped.stderr
-
-
-def copy_project(destination: Path) -> Path:
-    for part in ("eaglet", "eaglet_prefect", "tasks", "flows"):
-        shutil.copytree(
-            ROOT / part, destination / part, ignore=shutil.ignore_patterns("__pycache__")
-        )
-    return destination
 
 
 def test_a_comment_in_extraction_code_reruns_extract_only_and_the_plan_says_so(

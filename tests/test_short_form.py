@@ -12,21 +12,7 @@ from eaglet.config import ConfigError, load_config
 from eaglet.short_form import ShortFormDataset, short_form_overrides
 from eaglet_prefect.flows.short_form import short_form
 from tests.conftest import ROOT
-
-
-def nullable_fields(node, where="") -> list[str]:
-    """Where a JSON schema lets a value be null (Prefect's form shows those as toggles)."""
-    found = []
-    if isinstance(node, dict):
-        options = node.get("anyOf", []) + node.get("oneOf", [])
-        if node.get("type") == "null" or any(o.get("type") == "null" for o in options):
-            found.append(where)
-        for key, value in node.items():
-            found += nullable_fields(value, f"{where}.{key}")
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            found += nullable_fields(value, f"{where}[{i}]")
-    return found
+from tests.form_schema_helpers import nullable_fields
 
 
 def test_the_short_form_has_ten_described_fields_and_no_toggles():

@@ -172,7 +172,7 @@ def test_a_new_stage_is_its_declaration_and_its_own_modules(
 ):
     """Adding a stage, in a copy of the project: one entry in the stage list, its body and its
     task, nothing else edited; it runs in the flow, is keyed, and shows in inspect."""
-    from tests.test_pipeline import copy_project, stage_states
+    from tests.pipeline_helpers import copy_project, stage_states
 
     project = copy_project(tmp_path / "project")
     stages_py = project / "eaglet" / "stages.py"
