@@ -29,6 +29,7 @@ from eaglet.stages import STAGE_LIST, STAGES, RefreshFrom, StageName
 from eaglet.storage import stage_dir
 from eaglet_prefect.flows.crashes import report_crash
 from eaglet_prefect.flows.refusals import permanent_errors_without_tracebacks, refusals_reported
+from eaglet_prefect.flows.superseded import mark_failures_superseded
 from eaglet_prefect.tasks.caching import partial_folder, result_storage_path, stage_failure
 from eaglet_prefect.tasks.demo_setup import demo_setup
 from eaglet_prefect.tasks.hidden_states import map_hidden_state_shards
@@ -210,6 +211,8 @@ def run_stages(
             )
         evaluation = outputs.get("report", {}).get("info", {})
         result = {"stages": record["stages"], "evaluation": evaluation}
+        if flow_run.id and flow_run.run_count > 1:  # a Retry: earlier failures are stale
+            mark_failures_superseded(flow_run.id)
         # The message is what the run page's state and the completion notification say.
         return Completed(message=completed_message(record, evaluation), data=result)
 

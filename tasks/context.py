@@ -21,6 +21,13 @@ from eaglet.stage_context import readable
 from eaglet_prefect.tasks.artifacts import publish_plot
 
 
+def progress_bar(fraction: float, width: int = 20) -> str:
+    """`██████░░░░ 60%`: a bar a person reads at a glance in an artifact's description."""
+    fraction = min(max(fraction, 0.0), 1.0)
+    filled = round(fraction * width)
+    return "█" * filled + "░" * (width - filled) + f" {fraction:.0%}"
+
+
 class PrefectContext:
     """`eaglet.stage_context.StageContext` for the current task run (its secrets work outside
     a run too: `eaglet doctor` reads them)."""
@@ -35,7 +42,9 @@ class PrefectContext:
         artifact = create_progress_artifact(0.0, key=key, description=description)
 
         def update(fraction: float, text: str | None = None) -> None:
-            update_progress_artifact(artifact, progress=100.0 * fraction, description=text)
+            # The UI's artifact cards show a number, no bar: the description carries one.
+            shown = f"{progress_bar(fraction)} {text}" if text else None
+            update_progress_artifact(artifact, progress=100.0 * fraction, description=shown)
 
         return update
 

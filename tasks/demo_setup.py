@@ -9,6 +9,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from eaglet.config import PipelineConfig
 from eaglet.fixture.demo import ensure_demo_inputs
+from eaglet_prefect.tasks.context import progress_bar
 
 
 @task(name="demo-setup", task_run_name="demo-setup")
@@ -20,8 +21,9 @@ def demo_setup(config: PipelineConfig) -> list[str]:
     )
 
     def progress(done: int, total: int) -> None:
-        update_progress_artifact(progress_id, 100.0 * done / total)
+        text = f"{progress_bar(done / total)} the demo's fixture model: {done}/{total} steps"
+        update_progress_artifact(progress_id, 100.0 * done / total, description=text)
 
     built = ensure_demo_inputs(config, log=logger.info, progress=progress)
-    update_progress_artifact(progress_id, 100.0)
+    update_progress_artifact(progress_id, 100.0, description=f"{progress_bar(1.0)} built")
     return [str(path) for path in built]
