@@ -18,9 +18,12 @@ install: $(BIN)/eaglet
 demo: install
 	$(BIN)/eaglet demo --work-dir runs/demo
 
+# The docs site (mkdocs.yml) builds with --strict: docs/hooks.py generates its config reference
+# and fails the build on a config key or link that does not exist.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mkdocs build --strict -q -d site
 
 # The tests' fixture model is the demo's (same seed 0) once `make demo` built it; otherwise it
 # builds (about 4 min of one core) beside the vLLM venv's install and is handed to the tests
