@@ -1,6 +1,8 @@
 """Layering: flows → tasks → eaglet; the core never imports Prefect, tasks or flows, not even
 inside a function; no import cycle among the project's modules, counting
-the imports inside functions too. The import graph is read from the source with `ast`."""
+the imports inside functions too. The import graph is read from the source with `ast`.
+The tests themselves, read the same way: no test module imports another, and a test that
+asserts on a clock difference is marked `serial`."""
 
 from __future__ import annotations
 
@@ -172,3 +174,279 @@ def test_adding_a_draft_method_is_its_module_and_one_registry_line(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("ok ['dflash', 'eagle3', 'peagle', 'toy']")
+
+
+# --- the tests themselves: each test module stands alone; a bound on seconds runs alone --------
+
+TESTS = ROOT / "tests"
+TEST_FILES = {
+    ".".join(path.relative_to(ROOT).with_suffix("").parts): path
+    for path in sorted(TESTS.rglob("*.py"))
+}
+TEST_MODULES = {name for name in TEST_FILES if name.rpartition(".")[2].startswith("test_")}
+
+
+def modules_imported_by(name: str) -> set[str]:
+    """Every module the file `name` under tests/ imports, inside functions too, relative
+    imports resolved, `from pkg import mod` read as `pkg.mod` as well."""
+    path = TEST_FILES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_no_test_module_imports_another_test_module():
+    """Each test module stands alone (issue 35): what test modules share is in a helper module
+    (tests/*_helpers.py, fake_servers.py, ...) or, for fixtures, in a conftest.py. No file under
+    tests/ imports a test module (file name test_*.py), not even inside a function."""
+    offenders = {
+        name: sorted(modules_imported_by(name) & TEST_MODULES - {name}) for name in TEST_FILES
+    }
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+CLOCKS = {"monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns", "time", "time_ns"}
+
+
+def is_clock_call(node: ast.AST) -> bool:
+    """`time.monotonic()`, `time.time()`, `time.perf_counter()` (or `monotonic()` imported)."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    if isinstance(func, ast.Attribute):
+        return func.attr in CLOCKS and isinstance(func.value, ast.Name) and func.value.id == "time"
+    return isinstance(func, ast.Name) and func.id in CLOCKS - {"time"}
+
+
+def holds_clock_difference(node: ast.AST) -> bool:
+    """`node` holds a subtraction of a clock reading and another time (elapsed or remaining
+    seconds), not of a constant (`time.time() - 5` is a moment, not a duration)."""
+    return any(
+        isinstance(sub, ast.BinOp)
+        and isinstance(sub.op, ast.Sub)
+        and not any(isinstance(side, ast.Constant) for side in (sub.left, sub.right))
+        and any(is_clock_call(n) for side in (sub.left, sub.right) for n in ast.walk(side))
+        for sub in ast.walk(node)
+    )
+
+
+class ClockBounds:
+    """Which functions of one test file assert on a clock difference: in the assert itself,
+    through a name bound to one (assignments followed within the function), through a name
+    unpacked from the matching position of what a function of the same file returns, or by
+    calling a function of the same file that does. Values kept in containers are followed
+    only as whole values (a dict holding seconds makes every assert on that dict count)."""
+
+    def __init__(self, tree: ast.Module):
+        self.functions = {
+            node.name: node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        }
+        self.returns: dict[str, set[int | None]] = {}  # name -> timed positions (None: all)
+        self.timed: dict[str, set[str]] = {name: set() for name in self.functions}
+        changed = True
+        while changed:  # to a fixed point: functions return what other functions timed
+            changed = False
+            for name, function in self.functions.items():
+                timed = self.timed_names(function)
+                returns = self.timed_returns(function, timed)
+                if timed != self.timed[name] or returns != self.returns.get(name, set()):
+                    self.timed[name], self.returns[name], changed = timed, returns, True
+        self.asserting = {
+            name
+            for name, function in self.functions.items()
+            if any(
+                isinstance(node, ast.Assert) and self.is_timed(node.test, self.timed[name])
+                for node in ast.walk(function)
+            )
+        }
+        changed = True
+        while changed:
+            changed = False
+            for name, function in self.functions.items():
+                if name not in self.asserting and self.calls(function) & self.asserting:
+                    self.asserting.add(name)
+                    changed = True
+
+    def calls(self, function: ast.AST) -> set[str]:
+        return {
+            node.func.id
+            for node in ast.walk(function)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        }
+
+    def is_timed(self, node: ast.AST, timed: set[str]) -> bool:
+        if holds_clock_difference(node):
+            return True
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and sub.id in timed:
+                return True
+            if (
+                isinstance(sub, ast.Call)
+                and isinstance(sub.func, ast.Name)
+                and None in self.returns.get(sub.func.id, set())
+            ):
+                return True
+        return False
+
+    def timed_names(self, function: ast.AST) -> set[str]:
+        timed: set[str] = set()
+        changed = True
+        while changed:
+            changed = False
+            for node in ast.walk(function):
+                if isinstance(node, ast.Assign):
+                    targets, value = node.targets, node.value
+                elif isinstance(node, ast.AnnAssign | ast.AugAssign | ast.NamedExpr):
+                    targets, value = [node.target], node.value
+                else:
+                    continue
+                if value is None:
+                    continue
+                new = set()
+                for target in targets:
+                    positions = (
+                        self.returns.get(value.func.id, set())
+                        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+                        else set()
+                    )
+                    if isinstance(target, ast.Tuple) and positions and None not in positions:
+                        new |= {
+                            element.id
+                            for i, element in enumerate(target.elts)
+                            if i in positions and isinstance(element, ast.Name)
+                        }
+                    elif self.is_timed(value, timed):
+                        new |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+                if new - timed:
+                    timed |= new
+                    changed = True
+        return timed
+
+    def timed_returns(self, function: ast.AST, timed: set[str]) -> set[int | None]:
+        positions: set[int | None] = set()
+        for node in ast.walk(function):
+            if not isinstance(node, ast.Return) or node.value is None:
+                continue
+            if isinstance(node.value, ast.Tuple):
+                elements = enumerate(node.value.elts)
+                positions |= {i for i, e in elements if self.is_timed(e, timed)}
+            elif self.is_timed(node.value, timed):
+                positions.add(None)
+        return positions
+
+
+def marks_serial(decorators_or_value: list[ast.AST]) -> bool:
+    """A `pytest.mark.serial` among decorators or in a `pytestmark` value."""
+    return any(
+        isinstance(node, ast.Attribute)
+        and node.attr == "serial"
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "mark"
+        for item in decorators_or_value
+        for node in ast.walk(item)
+    )
+
+
+def module_pytestmark(body: list[ast.stmt]) -> list[ast.AST]:
+    return [
+        node.value
+        for node in body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets)
+    ]
+
+
+def unmarked_clock_bounds(tree: ast.Module) -> list[str]:
+    """The test functions of a test module that assert on a clock difference and are not
+    marked `serial` (on the function, its class, or the module's `pytestmark`)."""
+    bounds = ClockBounds(tree)
+    if marks_serial(module_pytestmark(tree.body)):
+        return []
+    found = []
+    scopes = [(tree.body, [])] + [
+        (node.body, node.decorator_list + module_pytestmark(node.body))
+        for node in tree.body
+        if isinstance(node, ast.ClassDef)
+    ]
+    for body, marks in scopes:
+        for node in body:
+            if (
+                isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                and node.name.startswith("test")
+                and node.name in bounds.asserting
+                and not marks_serial(marks + node.decorator_list)
+            ):
+                found.append(node.name)
+    return found
+
+
+def test_a_test_that_bounds_seconds_is_marked_serial():
+    """`make test` runs the `serial` tests alone, after the parallel part: a test asserting on
+    a `time.monotonic()` / `time.time()` difference must be one of them, or a busy neighbour
+    decides its outcome."""
+    offenders = {
+        name: found
+        for name in sorted(TEST_MODULES)
+        if (found := unmarked_clock_bounds(ast.parse(TEST_FILES[name].read_text("utf-8"))))
+    }
+    assert offenders == {}
+
+
+CLOCK_BOUNDS = """
+import time
+import pytest
+
+def timed_call():
+    started = time.monotonic()
+    return 0, time.monotonic() - started
+
+def test_direct():
+    started = time.monotonic()
+    assert time.monotonic() - started < 2
+
+def test_through_a_name():
+    started = time.time()
+    seconds = time.time() - started
+    assert seconds < 2
+
+def test_through_a_helper():
+    code, seconds = timed_call()
+    assert code == 0 and seconds < 2
+
+def test_only_the_helpers_other_value():
+    code, _ = timed_call()
+    assert code == 0
+
+def test_a_moment_is_not_a_duration():
+    assert time.time() - 5 < time.time()
+
+@pytest.mark.serial
+def test_marked():
+    started = time.monotonic()
+    assert time.monotonic() - started < 2
+"""
+
+
+def test_the_clock_bound_finder_finds_unmarked_bounds():
+    tree = ast.parse(CLOCK_BOUNDS)
+    assert unmarked_clock_bounds(tree) == [
+        "test_direct",
+        "test_through_a_name",
+        "test_through_a_helper",
+    ]
+    serial_module = ast.parse(
+        CLOCK_BOUNDS + "\npytestmark = [pytest.mark.slow, pytest.mark.serial]\n"
+    )
+    assert unmarked_clock_bounds(serial_module) == []
