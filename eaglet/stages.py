@@ -56,6 +56,7 @@ class Stage:
     reads_online: tuple[str, ...] | None = None  # `reads` with train.hidden_states=online
     keyed_by_online: tuple[str, ...] = ()  # keyed besides with train.hidden_states=online
     skipped_online: bool = False  # not run with train.hidden_states=online
+    holds_device: bool = False  # loads a model on target.device / train.device while it runs
 
     @property
     def records_file(self) -> str | None:
@@ -139,6 +140,7 @@ STAGE_LIST: tuple[Stage, ...] = (
         body="eaglet.stage_bodies.hidden_states:run",
         resumes=True,  # keeps every finished shard
         skipped_online=True,  # online, train computes the features itself
+        holds_device=True,  # the target, in-process with the hf backend
     ),
     Stage(
         name="train",
@@ -151,6 +153,7 @@ STAGE_LIST: tuple[Stage, ...] = (
         reads_online=("examples",),
         # Online, train computes the features itself: what decides them is keyed here.
         keyed_by_online=(LAYER_IDS, "target.dtype"),
+        holds_device=True,
     ),
     Stage(
         name="evaluate",
@@ -159,6 +162,7 @@ STAGE_LIST: tuple[Stage, ...] = (
         files=(REPORT_FILE,),
         keyed_by=("evaluate", "target.model"),
         body="eaglet.stage_bodies.evaluate:run",
+        holds_device=True,  # the target and the draft
     ),
 )
 

@@ -388,6 +388,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # A run submitted in the UI starts within ~2 s, not Prefect's 10 s poll (its first sign
+    # of life on the run page, issue 38); set the variable to choose otherwise.
+    os.environ.setdefault("PREFECT_RUNNER_POLL_FREQUENCY", "2")
     api_url = os.environ.get("PREFECT_API_URL") or profile_api_url()
     wait_s = server_wait_s(api_url) if api_url else 0
     if api_url and not wait_for_server(api_url, wait_s):

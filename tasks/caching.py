@@ -29,7 +29,7 @@ from eaglet.config import PipelineConfig
 from eaglet.errors import is_transient
 from eaglet.run_report import failure_entry, failure_note, read_run_record
 from eaglet.stage_runner import run_stage_body
-from eaglet.stages import upstream_names
+from eaglet.stages import STAGE, upstream_names
 from eaglet.storage import PARTIAL_SUFFIX, Manifest, reusable_stage, stage_folder
 from eaglet_prefect.tasks.context import PrefectContext
 
@@ -155,12 +155,25 @@ def retry_only_transient(task: Task, task_run: TaskRun, state: State) -> bool:
     return retry
 
 
+# Task tags: every stage task has `eaglet-stage:<stage>`; one that holds a device also
+# `eaglet-device`. A tag concurrency limit on it (UI: Concurrency → Task Run → +, or `prefect
+# concurrency-limit create eaglet-device 1`) lets that many such tasks run at once across every
+# run and deployment (one per GPU). None is set by default: a killed run's slot is held until
+# its lease expires.
+DEVICE_TAG = "eaglet-device"
+
+
+def stage_tags(stage: str) -> list[str]:
+    return [f"eaglet-stage:{stage}"] + ([DEVICE_TAG] if STAGE[stage].holds_device else [])
+
+
 def stage_task(stage: str, retries: int = 0, retry_delay_seconds: list[float] | None = None):
-    """The Prefect task declaration of a stage: named `<stage>[<config name>]`, cached by the
-    stage key, its result persisted as JSON (the manifest), the failure hook above, and
-    `retries` (with `retry_delay_seconds`) for transient faults only."""
+    """The Prefect task declaration of a stage: named `<stage>[<config name>]`, tagged by stage
+    and device, cached by the stage key, its result persisted as JSON (the manifest), the
+    failure hook above, and `retries` (with `retry_delay_seconds`) for transient faults only."""
     return task(
         name=stage,
+        tags=stage_tags(stage),
         task_run_name=stage + "[{config.name}]",
         cache_policy=StageCache(stage=stage),
         on_failure=[report_stage_failure],  # says what the partial folder holds, how to resume
