@@ -10,12 +10,17 @@ Each deployment runs one flow run at a time: a second one (a double click, a sch
 during a manual run) waits in AwaitingConcurrencySlot and starts when the first ends, instead
 of failing on the work-dir lock.
 
+A run is named (`pipeline[<config name>]`) as soon as it exists, queued or scheduled, not only
+once it starts (`flows/run_names.py`).
+
 Schedules added in the UI outlive a restart: serving registers each deployment anew, which
 may replace its schedules with the ones given (none), so the schedules the server holds for it
 are read first and given back.
 """
 
 from __future__ import annotations
+
+import threading
 
 from prefect import serve
 from prefect.client.orchestration import get_client
@@ -25,6 +30,7 @@ from prefect.exceptions import ObjectNotFound
 
 from eaglet.cache import pipeline_code_version
 from eaglet_prefect.flows.pipeline import pipeline
+from eaglet_prefect.flows.run_names import name_new_runs
 from eaglet_prefect.flows.short_form import short_form
 
 # Runs of one deployment write the same work dir (its lock admits one): queue, never collide.
@@ -55,6 +61,15 @@ def existing_schedules(
 
 def main() -> None:
     version = pipeline_code_version()  # the code these deployments run, edits included
+    stop_naming = threading.Event()
+    name_new_runs(stop_naming)  # a queued or scheduled run shows its name, not a random one
+    try:
+        serve_deployments(version)
+    finally:
+        stop_naming.set()
+
+
+def serve_deployments(version: str) -> None:
     serve(
         pipeline.to_deployment(
             name="pipeline",

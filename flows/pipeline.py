@@ -29,6 +29,7 @@ from eaglet.stages import STAGE_LIST, STAGES, RefreshFrom, StageName
 from eaglet.storage import stage_dir
 from eaglet_prefect.flows.crashes import report_crash
 from eaglet_prefect.flows.refusals import permanent_errors_without_tracebacks, refusals_reported
+from eaglet_prefect.flows.run_names import run_label_of
 from eaglet_prefect.flows.superseded import mark_failures_superseded
 from eaglet_prefect.tasks.caching import partial_folder, result_storage_path, stage_failure
 from eaglet_prefect.tasks.demo_setup import demo_setup
@@ -46,27 +47,9 @@ permanent_errors_without_tracebacks()  # eaglet's deliberate failures: their mes
 BETWEEN_STAGES = "the flow after"  # what an interrupt names once a stage has finished
 
 
-def run_label(name: str, parameters: dict) -> str:
-    """`pipeline[<config name>]`, plus `until` and `refresh from` when they are set."""
-    label = f"pipeline[{name}]"
-    if parameters.get("until", "evaluate") != "evaluate":
-        label += f" until {parameters['until']}"
-    if parameters.get("refresh_from"):
-        label += f" refresh from {parameters['refresh_from']}"
-    return label
-
-
 def run_name() -> str:
-    """The pipeline flow run's name (`run_label`) from its `config` or `config_path`."""
-    parameters = flow_run.parameters
-    try:
-        if parameters.get("config_path"):
-            name = load_config(parameters["config_path"]).name
-        else:
-            name = PipelineConfig.model_validate(parameters.get("config") or {}).name
-    except ValueError:  # the flow itself reports the bad config
-        name = "?"
-    return run_label(name, parameters)
+    """The pipeline flow run's name (`run_label_of` its parameters)."""
+    return run_label_of(flow_run.parameters)
 
 
 def preflight(config: PipelineConfig, until: str = "evaluate") -> None:

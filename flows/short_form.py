@@ -14,18 +14,14 @@ from eaglet.config import load_config
 from eaglet.short_form import EngineChoice, ShortFormDataset, short_form_overrides
 from eaglet.stages import RefreshFrom, StageName
 from eaglet_prefect.flows.crashes import report_crash
-from eaglet_prefect.flows.pipeline import run_label, run_stages, start_run
+from eaglet_prefect.flows.pipeline import run_stages, start_run
 from eaglet_prefect.flows.refusals import refusals_reported
+from eaglet_prefect.flows.run_names import run_label_of
 
 
 def short_form_run_name() -> str:
     """`pipeline[<config name>]`, as the pipeline flow names its runs."""
-    parameters = dict(flow_run.parameters)
-    try:
-        name = load_config(parameters.get("config_path") or None).name
-    except ValueError:  # the flow itself reports the bad config
-        name = "?"
-    return run_label(name, parameters)
+    return run_label_of(dict(flow_run.parameters))
 
 
 @flow(

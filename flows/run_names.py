@@ -1,0 +1,88 @@
+"""What a flow run of eaglet is called (`pipeline[<config name>]`, plus `until` and `refresh
+from` when set), and the naming of new runs as soon as they exist: Prefect names a run at
+random when it is created (a Submit, a schedule) and applies the flow's `flow_run_name` only
+when it starts, so a queued or scheduled run would show as `rich-mammoth`. `eaglet serve`
+runs `name_new_runs` beside its runner: every few seconds it gives each not-yet-started run of
+eaglet's flows its real name."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from eaglet.config import PipelineConfig, load_config
+
+FLOWS = ("eaglet-pipeline", "eaglet-pipeline-short-form")
+NAMING_EVERY_S = 2.0
+
+
+def run_label(name: str, parameters: dict[str, Any]) -> str:
+    """`pipeline[<config name>]`, plus `until` and `refresh from` when they are set."""
+    label = f"pipeline[{name}]"
+    if parameters.get("until", "evaluate") != "evaluate":
+        label += f" until {parameters['until']}"
+    if parameters.get("refresh_from"):
+        label += f" refresh from {parameters['refresh_from']}"
+    return label
+
+
+def run_label_of(parameters: dict[str, Any]) -> str:
+    """The name of a run with these parameters (the full form's `config`, or a config file's
+    name; the short form's base is its `config_path`, else the demo's defaults)."""
+    try:
+        if parameters.get("config_path"):
+            name = load_config(parameters["config_path"]).name
+        else:
+            name = PipelineConfig.model_validate(parameters.get("config") or {}).name
+    except (ValueError, OSError):  # the flow itself reports the bad config when it starts
+        name = "?"
+    return run_label(name, parameters)
+
+
+def name_waiting_runs() -> int:
+    """Rename every scheduled or pending run of eaglet's flows that does not carry its name
+    yet; how many were renamed."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    waiting = FlowRunFilter(
+        state=FlowRunFilterState(
+            type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING])
+        )
+    )
+    renamed = 0
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=list(FLOWS))),
+            flow_run_filter=waiting,
+            limit=200,
+        )
+        for run in runs:
+            name = run_label_of(dict(run.parameters))
+            if run.name != name:
+                client.update_flow_run(run.id, name=name)
+                renamed += 1
+    return renamed
+
+
+def name_new_runs(stop: threading.Event) -> threading.Thread:
+    """Start a daemon thread that names waiting runs every `NAMING_EVERY_S` until `stop`; a
+    failed round (a busy server) is tried again at the next."""
+
+    def loop() -> None:
+        while not stop.wait(NAMING_EVERY_S):
+            try:
+                name_waiting_runs()
+            except Exception:  # noqa: BLE001 - names are cosmetic: never stop serving
+                continue
+
+    thread = threading.Thread(target=loop, name="eaglet-run-names", daemon=True)
+    thread.start()
+    return thread
