@@ -12,15 +12,13 @@ from typing import Any, Literal
 
 from eaglet.config import PipelineConfig
 from eaglet.short_form import SHORT_FORM_FIELDS
+from eaglet.stages import STAGE
 
 StartedFrom = Literal["short form", "full form", "shell"]
 
 # Dotted config keys an error message names (`generation.max_tokens`, `train.device`,
 # `datasets[0].path`): a section of the config, then its fields.
 KEY = re.compile(rf"\b((?:{'|'.join(PipelineConfig.model_fields)})(?:\[\d+\])?(?:\.[a-z_]+)+)")
-
-# A stage whose passing fault most often comes from the setting a user typed: worth naming.
-SETTING_BEHIND_A_PASSING_FAULT = {"generate": "generation.endpoints"}
 
 
 def config_keys_named(text: str) -> list[str]:
@@ -50,8 +48,9 @@ def what_to_do(
     """The markdown lines that say how to go on after `stage` failed with `entry['error']`."""
     keys = config_keys_named(entry.get("error", ""))
     can_retry = bool(entry.get("retry_can_succeed"))
-    if can_retry and not keys and stage in SETTING_BEHIND_A_PASSING_FAULT:
-        keys = [SETTING_BEHIND_A_PASSING_FAULT[stage]]
+    spec = STAGE.get(stage)
+    if can_retry and not keys and spec is not None and spec.retry_setting:
+        keys = [spec.retry_setting]  # the setting behind its passing faults, worth naming
     fields = ", ".join(field_for(k, started_from) for k in keys)
     ui = started_from != "shell"
     again = (

@@ -19,10 +19,8 @@ from typing import Any
 import yaml
 
 from eaglet.config import PipelineConfig, resolve_paths
-from eaglet.draft.sampled import sampled_text
-from eaglet.draft.segments import segments_text
 from eaglet.failure_advice import StartedFrom, what_to_do
-from eaglet.stages import FAILED_FILE, STAGES
+from eaglet.stages import FAILED_FILE, STAGE, STAGE_LIST, STAGES
 from eaglet.storage import ManifestError, read_manifest, write_json_atomic
 
 RUN_FILE = "run.json"
@@ -30,13 +28,9 @@ CONFIG_FILE = "config.yaml"
 REPORT_FILE = "run_report.md"
 
 # What a rerun does with a stage's `.partial` folder (see `eaglet.storage.run_stage` and the
-# `resume_partial` argument of each task).
-RESUMES_PARTIAL = {
-    "generate": "keeps the records already in generations.jsonl and sends only the prompts "
-    "not written yet (failed samples are tried again)",
-    "hidden_states": "keeps every finished shard and computes only the samples not in one",
-    "train": "resumes training from the last checkpoint in state/",
-}
+# `resume_partial` argument of each task): a resumable stage's own note (`Stage.resume_note`),
+# or it rebuilds the folder.
+RESUMES_PARTIAL = {spec.name: spec.resume_note for spec in STAGE_LIST if spec.resumes}
 RESTARTS_PARTIAL = "rebuilds this partial folder from the stage's inputs"
 
 # How each place a run starts from redoes finished stages (`failure_note`).
@@ -110,7 +104,7 @@ def resume_command(run: dict[str, Any] | None) -> str:
     if not run:
         return "eaglet run CONFIG.yaml"
     command = f"eaglet run {run['config_file']}"
-    if run.get("until", "evaluate") != "evaluate":
+    if run.get("until", STAGES[-1]) != STAGES[-1]:
         command += f" --until {run['until']}"
     return command
 
@@ -170,6 +164,12 @@ def failure_entry(
     }
 
 
+def partial_advice(stage: str) -> str:
+    """What a rerun does with `stage`'s `.partial` folder ("this stage <advice>")."""
+    spec = STAGE.get(stage)
+    return spec.resume_note if spec is not None and spec.resumes else RESTARTS_PARTIAL
+
+
 def failure_note(stage: str, entry: dict[str, Any], run: dict[str, Any] | None) -> str:
     """Markdown: what failed, on which samples/files, where the partial folder is, how to resume."""
     partial = entry.get("partial", {})
@@ -190,7 +190,7 @@ def failure_note(stage: str, entry: dict[str, Any], run: dict[str, Any] | None) 
         ids = partial["failed_sample_ids"]
         if ids:
             lines.append(
-                f"- {len(ids)} failed samples (in `failed.jsonl`): "
+                f"- {len(ids)} failed samples (in `{FAILED_FILE}`): "
                 + ", ".join(ids[:_LISTED_IDS])
                 + (" ..." if len(ids) > _LISTED_IDS else "")
             )
@@ -199,8 +199,7 @@ def failure_note(stage: str, entry: dict[str, Any], run: dict[str, Any] | None) 
     started_from = (run or {}).get("started_from", "shell")
     lines += [
         "",
-        f"**Resume**: finished stages come back Cached; this stage "
-        f"{RESUMES_PARTIAL.get(stage, RESTARTS_PARTIAL)}.",
+        f"**Resume**: finished stages come back Cached; this stage {partial_advice(stage)}.",
         "",
         *what_to_do(stage, entry, resume_command(run), started_from),
         "",
@@ -232,61 +231,9 @@ def training_line(info: dict[str, Any]) -> str:
 
 
 def key_figures(stage: str, manifest: dict[str, Any]) -> str:
-    """One table cell: the figures a person checks first for this stage."""
-    counts, info = manifest.get("counts", {}), manifest.get("info", {})
-    records = counts.get("records", 0)
-    if stage == "download":
-        sources = ", ".join(f"{s} {n}" for s, n in info.get("per_source", {}).items())
-        text = f"{sources}; {counts.get('duplicates', 0)} duplicates dropped"
-        if counts.get("skipped"):
-            text += f"; {counts['skipped']} rows skipped (rejected.jsonl)"
-        return text
-    if stage == "tokenize":
-        text = f"{counts.get('rejected', 0)} rejected, {counts.get('too_long', 0)} too long"
-        if counts.get("over_context"):
-            text += f", {counts['over_context']} over the model's context"
-        return text
-    if stage == "generate":
-        truncated = counts.get("truncated", 0)
-        return (
-            f"engine {info.get('engine', '?')}; {counts.get('failed', 0)} failed samples; "
-            f"{truncated} truncated ({percent(truncated / records if records else None)})"
-            + (f"; {counts['looped']} stopped looping" if counts.get("looped") else "")
-        )
-    if stage == "extract":
-        quality = info.get("quality", {})
-        return (
-            f"format {quality.get('reasoning_format', '?')}; reasoning captured "
-            f"{percent(quality.get('reasoning_capture_rate'))}; truncated "
-            f"{percent(quality.get('truncation_rate'))}"
-        )
-    if stage == "hidden_states":
-        return f"{counts.get('tokens', 0):,} tokens"
-    if stage == "train":
-        final, initial = info.get("final_loss"), info.get("initial_loss")
-        loss = "n/a" if final is None else f"{final:.4f}"
-        if final is not None and initial is not None:
-            loss += f" (first {initial:.4f})"
-        text = (
-            f"{info.get('method', 'eagle3')} draft; final loss {loss}; {info.get('steps', 0)} steps"
-        )
-        if "hidden_states_mode" in info:
-            text += f"; {training_line(info)}"
-        return text
-    if stage == "evaluate":
-        tau, untrained = info.get("tau"), info.get("untrained_tau")
-        if tau is None:
-            return ""
-        method = info.get("method", "eagle3")
-        text = f"τ {tau:.3f} ({method}) trained vs {untrained:.3f} untrained"
-        if info.get("segments"):
-            text += "; " + segments_text(info["segments"], symbol="τ")
-        if info.get("sampled"):
-            text += "; " + sampled_text(info["sampled"], symbol="τ")
-        if info.get("sets"):
-            text += "; sets: " + ", ".join(f"{n} τ {t:.3f}" for n, t in info["sets"].items())
-        return text
-    return ""
+    """One table cell: the figures a person checks first for this stage (its declaration's
+    `figures`)."""
+    return STAGE[stage].key_figures(manifest)
 
 
 def _in_work_dir(entry: dict[str, Any], run: dict[str, Any]) -> str:
@@ -302,7 +249,7 @@ def render_run_report(run: dict[str, Any], manifests: dict[str, dict[str, Any]])
     `manifests` maps a stage to its manifest (as a dict); stages without one show no figures."""
     stages = run.get("stages", {})
     failed = [s for s, e in stages.items() if e["state"] not in ("Completed", "Cached")]
-    until = run.get("until", "evaluate")
+    until = run.get("until", STAGES[-1])
     outcome = f"**failed** at `{failed[0]}`" if failed else "completed"
     lines = [
         f"# Run report: {run.get('name', '?')}",

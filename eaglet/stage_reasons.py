@@ -157,7 +157,7 @@ class StagePlan:
 
 
 def plan_run(
-    config: PipelineConfig, until: str = "evaluate", refresh_from: str | None = None
+    config: PipelineConfig, until: str = STAGES[-1], refresh_from: str | None = None
 ) -> list[StagePlan]:
     """What `eaglet run` would do, stage by stage, without running anything."""
     work_dir = Path(config.work_dir)
@@ -205,28 +205,45 @@ def plan_run(
     return plans
 
 
+def generations_reused(
+    config: PipelineConfig, prompts_folder: Path, folder: Path
+) -> tuple[int, int] | None:
+    """generate's `Stage.reuse_estimate`: (records reused, prompts sent) if it ran now into
+    `folder` from the prompts in `prompts_folder`; None with turn-by-turn regeneration."""
+    from eaglet.records.io import read_jsonl
+    from eaglet.records.prompts import Prompt
+    from eaglet.stages import PROMPTS_FILE
+
+    if config.tokenize.regenerate == "all":
+        return None
+    prompts = list(read_jsonl(prompts_folder / PROMPTS_FILE, Prompt))
+    taken, _ = reusable_generations(config, prompts, folder)
+    return len(taken), len(prompts) - len(taken)
+
+
+def features_reused(
+    config: PipelineConfig, examples_folder: Path, folder: Path
+) -> tuple[int, int] | None:
+    """hidden_states' `Stage.reuse_estimate`: (samples whose features are reused, samples
+    computed) if it ran now into `folder` from the examples in `examples_folder`."""
+    from eaglet.hidden_states.reuse import FeatureReuse
+    from eaglet.records.examples import Example
+    from eaglet.records.io import read_jsonl
+    from eaglet.stages import EXAMPLES_FILE, PRODUCER
+
+    rows = list(read_jsonl(examples_folder / EXAMPLES_FILE, Example))
+    earlier = earlier_runs_alike(PRODUCER["features"], config, folder)
+    if not earlier:
+        return 0, len(rows)
+    reuse = FeatureReuse(earlier)
+    found = sum(reuse.has(e.sample_id, e.input_ids) for e in rows)
+    reuse.close()
+    return found, len(rows) - found
+
+
 def reuse_estimate(
     stage: str, config: PipelineConfig, upstream_folder: Path, folder: Path
 ) -> tuple[int, int] | None:
     """(samples reused, samples computed) if `stage` ran now into `folder`, reading the
     complete upstream folder `upstream_folder`; None for a stage that reuses nothing."""
-    from eaglet.hidden_states.reuse import FeatureReuse
-    from eaglet.records.examples import Example
-    from eaglet.records.io import read_jsonl
-    from eaglet.records.prompts import Prompt
-    from eaglet.stages import EXAMPLES_FILE, PROMPTS_FILE
-
-    if stage == "generate" and config.tokenize.regenerate != "all":
-        prompts = list(read_jsonl(upstream_folder / PROMPTS_FILE, Prompt))
-        taken, _ = reusable_generations(config, prompts, folder)
-        return len(taken), len(prompts) - len(taken)
-    if stage == "hidden_states":
-        rows = list(read_jsonl(upstream_folder / EXAMPLES_FILE, Example))
-        earlier = earlier_runs_alike(stage, config, folder)
-        if not earlier:
-            return 0, len(rows)
-        reuse = FeatureReuse(earlier)
-        found = sum(reuse.has(e.sample_id, e.input_ids) for e in rows)
-        reuse.close()
-        return found, len(rows) - found
-    return None
+    return STAGE[stage].reuse(config, upstream_folder, folder)

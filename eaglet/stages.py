@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -35,6 +35,10 @@ EXAMPLES_FILE = "examples.jsonl"  # extract
 QUALITY_FILE = "quality.json"  # extract
 DRAFT_FOLDER = "draft"  # train: the vLLM export, what evaluate loads
 REPORT_FILE = "report.json"  # evaluate
+# Beside the record files, read by other modules than the one writing them.
+TRAIN_STATE_FOLDER = "state"  # train: the checkpoint a rerun resumes from
+LOSS_PLOT_FILE = "loss.png"  # train
+ACCEPTANCE_PLOT_FILE = "acceptance.png"  # evaluate
 # A keyed value that is no config field: the target layers the run's draft method reads
 # (`eaglet.hidden_states.layers.layer_ids_of`), so a method's default keys what it extracts.
 LAYER_IDS = "hidden_states.layer_ids"
@@ -53,10 +57,30 @@ class Stage:
     keyed_by: tuple[str, ...]
     body: str  # `module:function` of the core function doing the work (`StageBody`)
     resumes: bool = False  # a rerun continues its `.partial` folder instead of starting over
+    # With `resumes`: what a rerun does with the `.partial` folder, in the run report's words
+    # ("this stage <resume_note>"); a stage that resumes cannot be declared without one.
+    resume_note: str = ""
+    # `module:function` of the run report's key figures from its manifest (`KeyFigures`): a
+    # module no body imports, so rewording the report never changes a stage's code hash.
+    figures: str = ""
+    # `module:function` of how many samples `eaglet run --plan` expects a rerun to reuse
+    # (`ReuseEstimate`); empty for a stage that reuses nothing.
+    reuse_estimate: str = ""
+    # The setting the run's advice names when the stage failed a passing fault and its error
+    # names none (the one a user typed that such faults most often come from).
+    retry_setting: str = ""
+    shown_files: tuple[str, ...] = ()  # what the pipeline picture lists beside `files`
     reads_online: tuple[str, ...] | None = None  # `reads` with train.hidden_states=online
     keyed_by_online: tuple[str, ...] = ()  # keyed besides with train.hidden_states=online
     skipped_online: bool = False  # not run with train.hidden_states=online
     holds_device: bool = False  # loads a model on target.device / train.device while it runs
+
+    def __post_init__(self) -> None:
+        if self.resumes != bool(self.resume_note):
+            raise ValueError(
+                f"stage {self.name}: `resume_note` says what a rerun keeps of its .partial "
+                "folder; declare it exactly when the stage `resumes`"
+            )
 
     @property
     def records_file(self) -> str | None:
@@ -78,8 +102,36 @@ class Stage:
         return not (self.skipped_online and _online(config))
 
     def load_body(self) -> StageBody:
-        module, function = self.body.split(":")
-        return getattr(importlib.import_module(module), function)
+        return _load(self.body)
+
+    def key_figures(self, manifest: dict[str, Any]) -> str:
+        """The figures a person checks first for this stage (a manifest as a dict); "" when
+        it declares none."""
+        return _load(self.figures)(manifest) if self.figures else ""
+
+    def reuse(
+        self, config: PipelineConfig, upstream_folder: Path, folder: Path
+    ) -> tuple[int, int] | None:
+        """(samples reused, samples computed) if it ran now into `folder` reading the complete
+        `upstream_folder`; None for a stage that reuses nothing."""
+        if not self.reuse_estimate:
+            return None
+        return _load(self.reuse_estimate)(config, upstream_folder, folder)
+
+
+def _load(target: str) -> Any:
+    module, function = target.split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def writers_of(name: str) -> tuple[str, ...]:
+    """The stages whose declared `files` hold `name`, in pipeline order."""
+    return tuple(stage.name for stage in STAGE_LIST if name in stage.files)
+
+
+def writer_of(name: str) -> str:
+    """The stage that writes the file `name` (the first, where several do)."""
+    return writers_of(name)[0]
 
 
 def _online(config: PipelineConfig) -> bool:
@@ -98,6 +150,7 @@ STAGE_LIST: tuple[Stage, ...] = (
         files=(SAMPLES_FILE, REJECTED_FILE),
         keyed_by=("datasets",),
         body="eaglet.stage_bodies.download:run",
+        figures="eaglet.stage_bodies.figures:download",
     ),
     Stage(
         name="tokenize",
@@ -113,6 +166,7 @@ STAGE_LIST: tuple[Stage, ...] = (
             "generation.seed",
         ),  # fmt: skip
         body="eaglet.stage_bodies.tokenize:run",
+        figures="eaglet.stage_bodies.figures:tokenize",
     ),
     Stage(
         name="generate",
@@ -122,6 +176,11 @@ STAGE_LIST: tuple[Stage, ...] = (
         keyed_by=("generation", "target.model"),
         body="eaglet.stage_bodies.generate:run",
         resumes=True,  # appends records as they arrive; a rerun sends only the missing ones
+        resume_note=f"keeps the records already in {GENERATIONS_FILE} and sends only the "
+        "prompts not written yet (failed samples are tried again)",
+        figures="eaglet.stage_bodies.figures:generate",
+        reuse_estimate="eaglet.stage_reasons:generations_reused",
+        retry_setting="generation.endpoints",  # a server that is down or busy
     ),
     Stage(
         name="extract",
@@ -130,6 +189,7 @@ STAGE_LIST: tuple[Stage, ...] = (
         files=(EXAMPLES_FILE, QUALITY_FILE),
         keyed_by=("reasoning", "target.model"),
         body="eaglet.stage_bodies.extract:run",
+        figures="eaglet.stage_bodies.figures:extract",
     ),
     Stage(
         name="hidden_states",
@@ -138,7 +198,11 @@ STAGE_LIST: tuple[Stage, ...] = (
         files=(),  # safetensors shards and index.jsonl (eaglet.hidden_states.shards)
         keyed_by=("hidden_states", LAYER_IDS, "target.model", "target.dtype"),
         body="eaglet.stage_bodies.hidden_states:run",
-        resumes=True,  # keeps every finished shard
+        resumes=True,
+        resume_note="keeps every finished shard and computes only the samples not in one",
+        figures="eaglet.stage_bodies.figures:hidden_states",
+        reuse_estimate="eaglet.stage_reasons:features_reused",
+        shown_files=("shard-*.safetensors", "index.jsonl"),
         skipped_online=True,  # online, train computes the features itself
         holds_device=True,  # the target, in-process with the hf backend
     ),
@@ -149,7 +213,10 @@ STAGE_LIST: tuple[Stage, ...] = (
         files=(),  # the draft folders (eaglet.draft.export) and the training state
         keyed_by=("train", "target.model"),
         body="eaglet.stage_bodies.train:run",
-        resumes=True,  # from the last checkpoint
+        resumes=True,
+        resume_note=f"resumes training from the last checkpoint in {TRAIN_STATE_FOLDER}/",
+        figures="eaglet.stage_bodies.figures:train",
+        shown_files=(f"{DRAFT_FOLDER}/ (+ sglang,", "speculators exports)", LOSS_PLOT_FILE),
         reads_online=("examples",),
         # Online, train computes the features itself: what decides them is keyed here.
         keyed_by_online=(LAYER_IDS, "target.dtype"),
@@ -162,6 +229,8 @@ STAGE_LIST: tuple[Stage, ...] = (
         files=(REPORT_FILE,),
         keyed_by=("evaluate", "target.model"),
         body="eaglet.stage_bodies.evaluate:run",
+        figures="eaglet.stage_bodies.figures:evaluate",
+        shown_files=(ACCEPTANCE_PLOT_FILE,),
         holds_device=True,  # the target and the draft
     ),
 )

@@ -191,6 +191,42 @@ def test_the_resume_advice_follows_each_stages_declaration():
         assert rebuilds != spec.resumes, spec.name
 
 
+def test_a_resumable_stage_declares_what_a_rerun_keeps_and_the_report_says_it():
+    """`Stage.resume_note` is required of a stage that resumes (and only of one), and its
+    failure note is that note, word for word."""
+    import pytest
+
+    from eaglet.stages import STAGE_LIST, Stage
+
+    for spec in STAGE_LIST:
+        entry = {"error": "RuntimeError: x", "path": f"/w/{spec.name}/k.partial"}
+        note = failure_note(spec.name, entry, None)
+        if spec.resumes:
+            assert spec.resume_note and f"this stage {spec.resume_note}." in note, spec.name
+    declared = {"output": "o", "reads": (), "files": (), "keyed_by": (), "body": "m:f"}
+    with pytest.raises(ValueError, match="resume_note"):
+        Stage(name="s", resumes=True, **declared)
+    with pytest.raises(ValueError, match="resume_note"):
+        Stage(name="s", resume_note="keeps everything", **declared)
+
+
+def test_rewording_the_report_or_the_plan_never_changes_a_stages_code_hash():
+    """The modules a declaration names for its report figures and reuse estimate are in no
+    stage's code (`eaglet.cache.stage_modules`): a new sentence in the report re-runs nothing."""
+    from eaglet.cache import stage_modules
+    from eaglet.stages import STAGE_LIST, STAGES
+
+    named = {
+        target.partition(":")[0]
+        for spec in STAGE_LIST
+        for target in (spec.figures, spec.reuse_estimate)
+        if target
+    }
+    assert named
+    for stage in STAGES:
+        assert named.isdisjoint(stage_modules(stage)), stage
+
+
 def test_the_report_says_why_each_stage_ran(tmp_path):
     run = start_run_record(config_for(tmp_path), None, "evaluate", None)
     manifest = run_stage(

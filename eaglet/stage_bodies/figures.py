@@ -1,0 +1,83 @@
+"""The run report's key figures of each stage, read from its manifest (a dict): one function
+per stage, named in its declaration (`Stage.figures` in `eaglet.stages`).
+
+Kept apart from the stage bodies: no body imports this module, so rewording a figure never
+changes a stage's code hash (`eaglet.cache`), as the run report's own module does not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eaglet.draft.sampled import sampled_text
+from eaglet.draft.segments import segments_text
+from eaglet.run_report import percent, training_line
+from eaglet.stages import REJECTED_FILE
+
+
+def download(manifest: dict[str, Any]) -> str:
+    counts, info = manifest.get("counts", {}), manifest.get("info", {})
+    sources = ", ".join(f"{s} {n}" for s, n in info.get("per_source", {}).items())
+    text = f"{sources}; {counts.get('duplicates', 0)} duplicates dropped"
+    if counts.get("skipped"):
+        text += f"; {counts['skipped']} rows skipped ({REJECTED_FILE})"
+    return text
+
+
+def tokenize(manifest: dict[str, Any]) -> str:
+    counts = manifest.get("counts", {})
+    text = f"{counts.get('rejected', 0)} rejected, {counts.get('too_long', 0)} too long"
+    if counts.get("over_context"):
+        text += f", {counts['over_context']} over the model's context"
+    return text
+
+
+def generate(manifest: dict[str, Any]) -> str:
+    counts, info = manifest.get("counts", {}), manifest.get("info", {})
+    records, truncated = counts.get("records", 0), counts.get("truncated", 0)
+    return (
+        f"engine {info.get('engine', '?')}; {counts.get('failed', 0)} failed samples; "
+        f"{truncated} truncated ({percent(truncated / records if records else None)})"
+        + (f"; {counts['looped']} stopped looping" if counts.get("looped") else "")
+    )
+
+
+def extract(manifest: dict[str, Any]) -> str:
+    quality = manifest.get("info", {}).get("quality", {})
+    return (
+        f"format {quality.get('reasoning_format', '?')}; reasoning captured "
+        f"{percent(quality.get('reasoning_capture_rate'))}; truncated "
+        f"{percent(quality.get('truncation_rate'))}"
+    )
+
+
+def hidden_states(manifest: dict[str, Any]) -> str:
+    return f"{manifest.get('counts', {}).get('tokens', 0):,} tokens"
+
+
+def train(manifest: dict[str, Any]) -> str:
+    info = manifest.get("info", {})
+    final, initial = info.get("final_loss"), info.get("initial_loss")
+    loss = "n/a" if final is None else f"{final:.4f}"
+    if final is not None and initial is not None:
+        loss += f" (first {initial:.4f})"
+    text = f"{info.get('method', 'eagle3')} draft; final loss {loss}; {info.get('steps', 0)} steps"
+    if "hidden_states_mode" in info:
+        text += f"; {training_line(info)}"
+    return text
+
+
+def evaluate(manifest: dict[str, Any]) -> str:
+    info = manifest.get("info", {})
+    tau, untrained = info.get("tau"), info.get("untrained_tau")
+    if tau is None:
+        return ""
+    method = info.get("method", "eagle3")
+    text = f"τ {tau:.3f} ({method}) trained vs {untrained:.3f} untrained"
+    if info.get("segments"):
+        text += "; " + segments_text(info["segments"], symbol="τ")
+    if info.get("sampled"):
+        text += "; " + sampled_text(info["sampled"], symbol="τ")
+    if info.get("sets"):
+        text += "; sets: " + ", ".join(f"{n} τ {t:.3f}" for n, t in info["sets"].items())
+    return text
