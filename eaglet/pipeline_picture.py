@@ -21,12 +21,6 @@ from eaglet.stages import PRODUCER, STAGE_LIST, STAGES, upstream_names
 
 BOX_W, BOX_H, GAP, TOP, LEFT = 150, 96, 34, 130, 20
 FONT = 'font-family="DejaVu Sans, Arial, sans-serif"'
-# What a stage writes beside its record files (folders and shards the declaration names in prose).
-EXTRA_FILES = {
-    "hidden_states": ("shard-*.safetensors", "index.jsonl"),
-    "train": ("draft/ (+ sglang,", "speculators exports)", "loss.png"),
-    "evaluate": ("acceptance.png",),
-}
 PLUG_INS = {
     "generate": ("engines", tuple(ENGINES)),
     "hidden_states": (
@@ -55,7 +49,7 @@ def _stage_box(index: int) -> list[str]:
         'stroke="#3b6fd4" stroke-width="1.5"/>',
         _text(middle, TOP + 20, spec.name, 14, "bold"),
     ]
-    files = tuple(spec.files) + EXTRA_FILES.get(spec.name, ())
+    files = tuple(spec.files) + spec.shown_files
     for line, name in enumerate(files[:4]):
         parts.append(_text(middle, TOP + 40 + 14 * line, name, 11))
     if spec.name in PLUG_INS:
