@@ -59,6 +59,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eaglet.stages import PRODUCER
+
 log = logging.getLogger(__name__)
 
 WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
@@ -67,7 +69,7 @@ SPIN_COUNT = 10000  # ~0.35 ms of spinning here, then the idle thread sleeps
 SPIN_LOAD_LIMIT = 0.25  # spinning threads: a CPU with less load than this from others is free
 LOAD_SAMPLES, LOAD_INTERVAL_S = 10, 0.01  # 0.1 s at each stage's start and each re-check
 RECHECK_S = 10.0  # between training steps: the load read again this often (1% of the time)
-RECHECKED_STAGES = ("train",)  # stages whose optimizer steps re-check the load
+RECHECKED_STAGES = (PRODUCER["draft"],)  # training: its optimizer steps re-check the load
 
 # What `quiet_openmp` found when eaglet was imported: "set" (this module set GOMP_SPINCOUNT
 # before torch loaded), "user" (the environment already chose), "late" (torch had loaded:

@@ -19,7 +19,7 @@ from pathlib import Path
 from eaglet.cache import code_hash, stage_config
 from eaglet.config import PipelineConfig
 from eaglet.records.prompts import Prompt
-from eaglet.stages import GENERATIONS_FILE
+from eaglet.stages import GENERATIONS_FILE, writer_of
 from eaglet.storage import PARTIAL_SUFFIX, Manifest, ManifestError, read_manifest
 
 
@@ -60,7 +60,7 @@ def reusable_generations(
     wanted = {p.sample_id: _prompt_key(p.source, p.prompt_ids, p.sampling) for p in prompts}
     taken: dict[str, bytes] = {}
     sources = []
-    for earlier in earlier_runs_alike("generate", config, folder):
+    for earlier in earlier_runs_alike(writer_of(GENERATIONS_FILE), config, folder):
         before = len(taken)
         with open(earlier / GENERATIONS_FILE, "rb") as handle:
             for line in handle:

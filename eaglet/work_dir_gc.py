@@ -15,7 +15,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from eaglet.run_report import read_run_record
+from eaglet.run_report import RUN_FILE, read_run_record
 from eaglet.stages import STAGES
 from eaglet.storage import PARTIAL_SUFFIX
 
@@ -36,7 +36,7 @@ def superseded_folders(work_dir: Path) -> list[Superseded]:
     run = read_run_record(work_dir)
     if run is None:
         raise ValueError(
-            f"{work_dir} has no run.json: no run is recorded, so nothing is known to be in use; "
+            f"{work_dir} has no {RUN_FILE}: no run is recorded, so nothing is known to be in use; "
             "run the pipeline once first"
         )
     keep = {stage: entry.get("key") for stage, entry in run.get("stages", {}).items()}

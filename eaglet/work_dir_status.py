@@ -11,22 +11,26 @@ from typing import Any
 
 from eaglet.draft.sampled import sampled_summary
 from eaglet.records.io import record_file_problems
+from eaglet.run_report import RUN_FILE
 from eaglet.stages import (
     EXAMPLES_FILE,
     FAILED_FILE,
     GENERATIONS_FILE,
+    PRODUCER,
     QUALITY_FILE,
     REJECTED_FILE,
     REPORT_FILE,
     STAGE,
     STAGES,
+    writer_of,
+    writers_of,
 )
 from eaglet.storage import PARTIAL_SUFFIX, Manifest, ManifestError, read_manifest, verify_files
 
 
 def is_work_dir(work_dir: Path) -> bool:
     """A folder eaglet ran in: it has a run record or a stage folder."""
-    return (work_dir / "run.json").exists() or any((work_dir / s).is_dir() for s in STAGES)
+    return (work_dir / RUN_FILE).exists() or any((work_dir / s).is_dir() for s in STAGES)
 
 
 def stage_status(
@@ -108,7 +112,7 @@ def stage_status(
 def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
     """Per stage: status, key, absolute path, counts; quality and evaluation figures.
     `verify` = "size" checks file sizes against each manifest, "full" their sha256 too."""
-    run_file = work_dir / "run.json"
+    run_file = work_dir / RUN_FILE
     run_keys = {}
     try:
         stages_run = json.loads(run_file.read_text())["stages"] if run_file.exists() else {}
@@ -117,13 +121,13 @@ def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
         pass  # a run.json cut short by a crash: every stage shows its newest folder
     stages = {stage: stage_status(work_dir, stage, run_keys, verify) for stage in STAGES}
     quality: dict[str, Any] = {}
-    if stages["extract"]["status"] == "complete":
-        quality_file = Path(stages["extract"]["path"]) / QUALITY_FILE
+    if (extract := stages[writer_of(QUALITY_FILE)])["status"] == "complete":
+        quality_file = Path(extract["path"]) / QUALITY_FILE
         if quality_file.exists():
             quality = json.loads(quality_file.read_text())
     training: dict[str, Any] = {}
-    if stages["train"]["status"] == "complete":
-        info = read_manifest(Path(stages["train"]["path"])).info
+    if (train := stages[PRODUCER["draft"]])["status"] == "complete":
+        info = read_manifest(Path(train["path"])).info
         training = {
             key: info[key]
             for key in (
@@ -138,8 +142,8 @@ def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
             if info.get(key) is not None
         }
     evaluation: dict[str, Any] = {}
-    if stages["evaluate"]["status"] == "complete":
-        report = json.loads((Path(stages["evaluate"]["path"]) / REPORT_FILE).read_text())
+    if (evaluate := stages[writer_of(REPORT_FILE)])["status"] == "complete":
+        report = json.loads((Path(evaluate["path"]) / REPORT_FILE).read_text())
         evaluation = {
             "method": report["draft"].get("method", "eagle3"),
             "tau": report["tau"],
@@ -182,33 +186,34 @@ def why_no_example(report: dict[str, Any], sample_id: str) -> str:
     """Why the extract stage holds no example for `sample_id`: which stage left it out and the
     reason it recorded, read from that stage's files."""
     stages = report["stages"]
+    generate, extract = writer_of(GENERATIONS_FILE), writer_of(EXAMPLES_FILE)
 
     def folder(stage: str) -> Path | None:
         status = stages[stage]
         return Path(status["path"]) if status["status"] == "complete" else None
 
-    for stage in ("download", "tokenize"):
+    for stage in writers_of(REJECTED_FILE):
         if (where := folder(stage)) is not None:
             for entry in _lines_about(where / REJECTED_FILE, sample_id):
                 return (
                     f"the {stage} stage left it out ({entry.get('kind', 'rejected')}): "
                     f"{entry.get('why', '')} (see {where / REJECTED_FILE})"
                 )
-    if (where := folder("generate")) is not None:
+    if (where := folder(generate)) is not None:
         for entry in _lines_about(where / FAILED_FILE, sample_id):
             return (
-                f"the generate stage gave up on it after {entry.get('attempts', 1)} attempts: "
+                f"the {generate} stage gave up on it after {entry.get('attempts', 1)} attempts: "
                 f"{entry.get('message', '')} (see {where / FAILED_FILE}; `eaglet run CONFIG "
                 "--retry-failed` sends it again)"
             )
         for entry in _lines_about(where / GENERATIONS_FILE, sample_id):
             if entry.get("finish_reason") == "loop":
                 return (
-                    "the loop guard stopped its answer (finish_reason loop) and extract drops "
+                    f"the loop guard stopped its answer (finish_reason loop) and {extract} drops "
                     "such rows (reasoning.looped_rows: drop)"
                 )
-            return f"it is in {where / GENERATIONS_FILE} but extract wrote no example for it"
-        return f"no sample with this id reached the generate stage ({where / GENERATIONS_FILE})"
+            return f"it is in {where / GENERATIONS_FILE} but {extract} wrote no example for it"
+        return f"no sample with this id reached the {generate} stage ({where / GENERATIONS_FILE})"
     return "no sample with this id in this work dir's finished stages"
 
 
@@ -229,9 +234,10 @@ def show_sample(report: dict[str, Any], sample_id: str, as_json: bool = False) -
             print(why, file=sys.stderr)
         return 2
 
-    extract = report["stages"]["extract"]
+    stage = writer_of(EXAMPLES_FILE)
+    extract = report["stages"][stage]
     if extract["status"] != "complete":
-        return refuse("the extract stage is not complete in this work dir")
+        return refuse(f"the {stage} stage is not complete in this work dir")
     examples_path = Path(extract["path"]) / EXAMPLES_FILE
     examples = read_jsonl(examples_path, Example)
     example = next((e for e in examples if e.sample_id == sample_id), None)
