@@ -50,7 +50,7 @@ from eaglet.draft.segments import (
 from eaglet.draft.serving import check_gap, emitted_tau, measure_served
 from eaglet.errors import NonFiniteError
 from eaglet.reasoning import ReasoningFormat
-from eaglet.stages import REPORT_FILE
+from eaglet.stages import ACCEPTANCE_PLOT_FILE, REPORT_FILE
 from eaglet.storage import write_json_atomic
 from eaglet.target import load_model
 
@@ -631,7 +631,7 @@ def evaluation_report(
             served=served, served_tau=served["tau"], serving_gap=abs(served["tau"] - offline_tau)
         )
     write_json_atomic(folder / REPORT_FILE, report)
-    plot_acceptance(trained, folder / "acceptance.png", sampled)
+    plot_acceptance(trained, folder / ACCEPTANCE_PLOT_FILE, sampled)
     if served is not None:
         check_gap(served, offline_tau, settings.max_serving_gap, str(folder / REPORT_FILE))
     return report

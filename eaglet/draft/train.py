@@ -49,6 +49,7 @@ from eaglet.draft.target_head import TargetHead, load_target_head
 from eaglet.draft.train_data import HiddenStatesData, epoch_order, first_sample, load_pieces, plan
 from eaglet.draft.vocab import DraftVocab, build_draft_vocab, vocab_over
 from eaglet.errors import NonFiniteError, PermanentError
+from eaglet.stages import DRAFT_FOLDER, LOSS_PLOT_FILE, TRAIN_STATE_FOLDER
 from eaglet.storage import atomic_folder, final_path
 from eaglet.target import resolve_device
 
@@ -168,11 +169,11 @@ class Run:
 
     @property
     def draft_dir(self) -> Path:
-        return self.out_dir / "draft"
+        return self.out_dir / DRAFT_FOLDER
 
     @property
     def state_dir(self) -> Path:
-        return self.out_dir / "state"
+        return self.out_dir / TRAIN_STATE_FOLDER
 
     @property
     def metrics_path(self) -> Path:
@@ -180,7 +181,7 @@ class Run:
 
     @property
     def plot_path(self) -> Path:
-        return self.out_dir / "loss.png"
+        return self.out_dir / LOSS_PLOT_FILE
 
     @property
     def best_dir(self) -> Path:  # train.keep_best: the draft of the lowest held-out loss
@@ -245,9 +246,9 @@ def start_vocab(
     this data)."""
     _barrier(world)  # every process has looked before rank 0 clears an old state
     if resuming:
-        return DraftVocab.load(out_dir / "state" / "vocab.json")
+        return DraftVocab.load(out_dir / TRAIN_STATE_FOLDER / "vocab.json")
     if rank == 0:
-        shutil.rmtree(out_dir / "state", ignore_errors=True)
+        shutil.rmtree(out_dir / TRAIN_STATE_FOLDER, ignore_errors=True)
         shutil.rmtree(out_dir / "best", ignore_errors=True)
         (out_dir / "metrics.jsonl").unlink(missing_ok=True)
     counts = data.token_counts(head.config["vocab_size"])
@@ -307,7 +308,7 @@ def resume_from(
 ) -> tuple[int, list[dict], DraftVocab]:
     """Load `state/` into `draft` and `optimizer`; return the step it reached, the held-out
     losses up to it and the saved vocab. Rank 0 drops the metrics logged after that step."""
-    state_dir, metrics_path = out_dir / "state", out_dir / "metrics.jsonl"
+    state_dir, metrics_path = out_dir / TRAIN_STATE_FOLDER, out_dir / "metrics.jsonl"
     try:
         meta, vocab = load_training_state(state_dir, draft, optimizer)
     except (SafetensorError, OSError, ValueError, KeyError, RuntimeError) as exc:

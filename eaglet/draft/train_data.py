@@ -23,7 +23,7 @@ from safetensors import safe_open
 from eaglet.config import TrainConfig
 from eaglet.draft.ttt_loss import target_in_vocab
 from eaglet.draft.vocab import count_tokens
-from eaglet.hidden_states.shards import read_window
+from eaglet.hidden_states.shards import INDEX, read_window
 
 # ----------------------------------------------------------------------------------------- data
 
@@ -42,7 +42,7 @@ class HiddenStatesData:
         only_sample_ids: frozenset[str] | None = None,
     ):
         self.root = Path(root)
-        lines = (self.root / "index.jsonl").read_text().splitlines()
+        lines = (self.root / INDEX).read_text().splitlines()
         entries = [json.loads(line) for line in lines if line.strip()]
         self.samples = [
             e

@@ -18,7 +18,7 @@ from eaglet.records.io import read_jsonl
 from eaglet.records.prompts import Prompt
 from eaglet.split import is_heldout
 from eaglet.stage_context import StageContext
-from eaglet.stages import DRAFT_FOLDER, PROMPTS_FILE, REPORT_FILE
+from eaglet.stages import ACCEPTANCE_PLOT_FILE, DRAFT_FOLDER, PROMPTS_FILE, REPORT_FILE
 from eaglet.storage import Manifest, StageOutput, final_path, stage_dir, write_json_atomic
 from eaglet.target import end_token_ids, load_tokenizer
 
@@ -179,6 +179,6 @@ def publish(
     )
     ctx.image(
         "acceptance-plot",
-        folder / "acceptance.png",
+        folder / ACCEPTANCE_PLOT_FILE,
         "acceptance per speculative position, trained and untrained draft",
     )

@@ -18,7 +18,7 @@ from eaglet.draft.methods import draft_method
 from eaglet.hidden_states.vllm_backend import started_server
 from eaglet.progress import Throttle
 from eaglet.stage_context import StageContext, figures_markdown
-from eaglet.stages import DRAFT_FOLDER, EXAMPLES_FILE
+from eaglet.stages import DRAFT_FOLDER, EXAMPLES_FILE, LOSS_PLOT_FILE
 from eaglet.storage import Manifest, StageOutput, final_path, stage_dir
 
 
@@ -80,7 +80,7 @@ def run(
     )
     ctx.image(
         "training-loss",
-        folder / "loss.png",
+        folder / LOSS_PLOT_FILE,
         "training loss per step (held-out loss per epoch with train.keep_best)",
     )
     return StageOutput(counts={"records": int(summary.get("train_samples", 0))}, info=info)
