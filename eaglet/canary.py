@@ -46,6 +46,7 @@ from eaglet.generation import Failure, run_sync
 from eaglet.reasoning import THINK_CLOSE, ReasoningFormat, detect_format
 from eaglet.records.generations import Generation
 from eaglet.records.prompts import Prompt
+from eaglet.stages import SERVER_DISAGREEMENTS_FILE
 
 REACH_TIMEOUT_S = 10.0  # a health check's own limit, inside the canary's budget
 # More than this share of the answers judged showing a problem fails the canary; fewer is a
@@ -480,7 +481,7 @@ class _ReasoningCheck:
                 )
             else:
                 self.report.warnings.append(
-                    f"{line}; sporadic: extract lists every one in server_disagreements.jsonl"
+                    f"{line}; sporadic: extract lists every one in {SERVER_DISAGREEMENTS_FILE}"
                 )
         elif compared:
             self.report.passed.append(

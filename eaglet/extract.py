@@ -32,7 +32,12 @@ from eaglet.records.generations import Generation
 from eaglet.records.io import read_jsonl, record_line
 from eaglet.records.prompts import Prompt
 from eaglet.sampling_plan import sampling_label, template_kwargs
-from eaglet.stages import EXAMPLES_FILE, QUALITY_FILE
+from eaglet.stages import (
+    EXAMPLES_FILE,
+    QUALITY_FILE,
+    SERVER_DISAGREEMENTS_FILE,
+    TEMPLATE_MISMATCHES_FILE,
+)
 from eaglet.storage import write_json_atomic
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -448,7 +453,7 @@ def check_quality_gate(report: dict[str, Any], reasons: bool, reasoning: Reasoni
                 "prompt ids than the configured chat template renders (> "
                 f"reasoning.max_prompt_mismatch_rate={reasoning.max_prompt_mismatch_rate:.0%}); "
                 f"e.g. samples {examples.get('prompt_template_mismatch', [])} (see "
-                "template_mismatches.jsonl): give the server the target's template and "
+                f"{TEMPLATE_MISMATCHES_FILE}): give the server the target's template and "
                 "tokenize.chat_template_kwargs, or use the vllm engine"
             )
     if problems:
@@ -502,8 +507,8 @@ def write_examples(
     quality = QualityTally()
     with (
         open(out_dir / EXAMPLES_FILE, "w", encoding="utf-8") as out,
-        open(out_dir / "template_mismatches.jsonl", "w", encoding="utf-8") as mismatches,
-        open(out_dir / "server_disagreements.jsonl", "w", encoding="utf-8") as disagreements,
+        open(out_dir / TEMPLATE_MISMATCHES_FILE, "w", encoding="utf-8") as mismatches,
+        open(out_dir / SERVER_DISAGREEMENTS_FILE, "w", encoding="utf-8") as disagreements,
     ):
         for generation in read_jsonl(generations_path, Generation):
             quality.add_setting(generation)

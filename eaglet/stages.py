@@ -33,6 +33,8 @@ FAILED_FILE = "failed.jsonl"  # generate: samples the server refused
 TURN_PROMPTS_FILE = "turn_prompts.jsonl"  # generate with tokenize.regenerate=all
 EXAMPLES_FILE = "examples.jsonl"  # extract
 QUALITY_FILE = "quality.json"  # extract
+TEMPLATE_MISMATCHES_FILE = "template_mismatches.jsonl"  # extract: template-mismatched turns
+SERVER_DISAGREEMENTS_FILE = "server_disagreements.jsonl"  # extract: a server's text vs the split
 DRAFT_FOLDER = "draft"  # train: the vLLM export, what evaluate loads
 REPORT_FILE = "report.json"  # evaluate
 # Beside the record files, read by other modules than the one writing them.

@@ -13,7 +13,13 @@ from eaglet.extract import check_quality_gate, write_examples
 from eaglet.reasoning import detect_format
 from eaglet.run_report import percent
 from eaglet.stage_context import StageContext
-from eaglet.stages import GENERATIONS_FILE, PROMPTS_FILE, TURN_PROMPTS_FILE
+from eaglet.stages import (
+    GENERATIONS_FILE,
+    PROMPTS_FILE,
+    SERVER_DISAGREEMENTS_FILE,
+    TEMPLATE_MISMATCHES_FILE,
+    TURN_PROMPTS_FILE,
+)
 from eaglet.storage import Manifest, StageOutput, stage_dir
 from eaglet.target import end_token_ids, load_tokenizer
 
@@ -44,8 +50,8 @@ def quality_markdown(report: dict) -> str:
         "examples only with reasoning.looped_rows: keep). A template mismatch: a turn the "
         "chat template renders otherwise than the ids trained on (in the prompt: the "
         "configured template did not make the prompt). "
-        "Each template mismatch is in `template_mismatches.jsonl`; each disagreement between a "
-        "server's text and the token split, with both texts, in `server_disagreements.jsonl`.",
+        f"Each template mismatch is in `{TEMPLATE_MISMATCHES_FILE}`; each disagreement between "
+        f"a server's text and the token split, with both texts, in `{SERVER_DISAGREEMENTS_FILE}`.",
     ]
     settings = report.get("per_sampling", {})
     if set(settings) - {"generation settings"}:  # generation.sampling_plan was used
