@@ -4,7 +4,7 @@ baselines measured in the same run; no asserts on time).
 1. Tokens/s of the `hf` backend in length buckets (--batch-sizes) against a one-sample-at-a-
    time forward, on the same examples, for short (8-64 tokens) and long (16-400) samples; with
    --vllm-url, the `vllm` backend (a server started with
-   eaglet.hidden_states.vllm_backend.server_args) too. Ratios are against the one-sample
+   eaglet.hidden_states.backends.vllm.server_args) too. Ratios are against the one-sample
    forward of the same profile.
 2. Per storage form: bytes per token (values, against bf16's 8·H anchor, and in all), the
    relative error of the states read back, and how often the target's greedy token
@@ -31,8 +31,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from eaglet.hidden_states.backends.hf import HFBackend  # noqa: E402
 from eaglet.hidden_states.feature_encoding import STORAGES, bytes_per_token, decode, encode  # noqa: E402
-from eaglet.hidden_states.hf import HFBackend  # noqa: E402
 from tests.hidden_states_helpers import config_for, write_examples  # noqa: E402
 
 
@@ -58,12 +58,13 @@ def throughput(args, config, length_profiles: dict[str, list]) -> None:
             batched = HFBackend(config.target, args.aux, batch_size=batch_size)
             rows.append((f"hf length buckets, batch {batch_size}", tokens_per_s(batched, examples)))
         if args.vllm_url:
-            from eaglet.hidden_states.vllm_backend import VllmBackend
+            from eaglet.hidden_states.backends.vllm import VllmBackend
 
-            settings = config.hidden_states.model_copy(
+            server = config.hidden_states.vllm.model_copy(
                 update={"endpoints": [args.vllm_url], "concurrency": 8}
             )
-            vllm = VllmBackend(config.target, settings)
+            settings = config.hidden_states.model_copy(update={"vllm": server})
+            vllm = VllmBackend(config.target, settings, args.aux)
             vllm.features(examples[:4])
             rows.append(
                 ("vllm (extract_hidden_states), concurrency 8", tokens_per_s(vllm, examples))

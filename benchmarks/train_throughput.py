@@ -40,9 +40,9 @@ from eaglet.config import (  # noqa: E402
 from eaglet.draft.evaluate import evaluate_draft  # noqa: E402
 from eaglet.draft.launch import launch, pipeline_job, run_job  # noqa: E402
 from eaglet.fixture.model import eval_prompts, greedy_generate  # noqa: E402
+from eaglet.hidden_states.backends.vllm import server_args  # noqa: E402
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids  # noqa: E402
 from eaglet.hidden_states.stage import stage_body  # noqa: E402
-from eaglet.hidden_states.vllm_backend import server_args  # noqa: E402
 from eaglet.records.examples import Example  # noqa: E402
 from eaglet.records.io import write_jsonl  # noqa: E402
 from eaglet.target import load_config, load_model, load_tokenizer  # noqa: E402

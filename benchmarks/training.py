@@ -56,7 +56,7 @@ from eaglet.draft.evaluate import default_eos_ids, evaluate_draft, load_target  
 from eaglet.draft.launch import pipeline_job, run_job  # noqa: E402
 from eaglet.draft.serving import measure_served  # noqa: E402
 from eaglet.fixture.model import eval_prompts  # noqa: E402
-from eaglet.hidden_states.hf import HFBackend, length_batches  # noqa: E402
+from eaglet.hidden_states.backends.hf import HFBackend, length_batches  # noqa: E402
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids  # noqa: E402
 from eaglet.hidden_states.stage import stage_body  # noqa: E402
 from eaglet.records.examples import Example  # noqa: E402

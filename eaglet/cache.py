@@ -12,13 +12,15 @@ hashed by content and module name, never by path, so an edited file changes the 
 moved one (a clone's `tasks/`, the wheel's `eaglet_prefect/tasks/`) does not.
 
 Left out of every closure: modules whose content never decides what a stage writes
-(`NOT_OUTPUT`): the config (a stage is keyed by its config subset, `stage_config`, instead: a
-training setting must not re-run generation), the pre-flight canary (it can stop a run, never
-change a record), the run report, the error classes, why a stage runs (`stage_reasons`) and
-this module (the keys themselves).
+(`NOT_OUTPUT`): the config and the parts its sections are made of (a stage is keyed by its
+config subset, `stage_config`, instead: a training setting must not re-run generation), the
+pre-flight canary and the preflight (they can stop a run, never change a record), the run
+report, the error classes, why a stage runs (`stage_reasons`) and this module (the keys
+themselves).
 The generate stage also hashes the closure of the configured engine's module, and only that
 engine's (from the engine registry): a fix to the HTTP client does not re-key what the local
-engine generated.
+engine generated. Likewise the hidden_states stage (and train, online) the chosen hidden-state
+backend's module, and train and evaluate the chosen draft method's.
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from eaglet.config import PipelineConfig, is_cache_neutral
+from eaglet.config import FLAT_BACKEND_KEYS, PipelineConfig
+from eaglet.config_fields import is_cache_neutral
 from eaglet.draft.methods import METHODS
 from eaglet.engines.registry import engine_spec
+from eaglet.hidden_states.backends import BACKENDS
 from eaglet.stages import LAYER_IDS, STAGE
 from eaglet.storage import Manifest, canonical_json, sha256_file
 
@@ -49,8 +53,10 @@ PROJECT_PACKAGES = {
 NOT_OUTPUT = frozenset(
     {
         "eaglet.config",
+        "eaglet.config_fields",  # what config sections are made of (a backend's too)
         "eaglet.cache",
         "eaglet.canary",
+        "eaglet.preflight",  # checks before a run (a backend's call it): they never write
         "eaglet.run_report",
         "eaglet.errors",
         "eaglet.stage_reasons",  # says why a stage runs, never what it writes
@@ -164,6 +170,9 @@ def stage_modules(stage: str, config: PipelineConfig | None = None) -> tuple[str
         roots += (engine_spec(config.generation.engine).module,)
     if stage in METHOD_STAGES:  # the chosen draft method's module (its layers, net, files)
         roots += (METHODS[config.train.method if config is not None else "eagle3"],)
+    online = config is not None and config.train.hidden_states == "online"
+    if stage == "hidden_states" or (stage == "train" and online):  # what computes the features
+        roots += (BACKENDS[config.hidden_states.backend if config is not None else "hf"],)
     if stage == "generate" and (config is None or config.tokenize.regenerate != "all"):
         # Turn-by-turn regeneration (and through it the reasoning split) decides generate's
         # output only with regenerate=all: a fix to extraction must not re-run generation.
@@ -244,6 +253,23 @@ def keyed_fields(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(exclude=neutral)
 
 
+def hidden_states_keyed(settings: BaseModel) -> dict[str, Any]:
+    """`hidden_states`'s keyed fields as they were keyed before each backend had its section
+    (issue 35), so that no key moved with them: the keys older configs wrote in hidden_states
+    itself (`eaglet.config.FLAT_BACKEND_KEYS`) flat, for every backend, as then; any other keyed
+    field of the chosen backend's section under the section's name (a backend added later
+    never re-keys a run of another)."""
+    value = keyed_fields(settings)
+    for name in BACKENDS:
+        del value[name]  # dumped whole; keyed here by its own keyed fields
+        section = keyed_fields(getattr(settings, name))
+        for key in [k for k in section if FLAT_BACKEND_KEYS.get(k) == name]:
+            value[key] = section.pop(key)
+        if section and name == settings.backend:
+            value[name] = section
+    return value
+
+
 def keyed_value(config: PipelineConfig, path: str) -> Any:
     """The value a stage key holds for the dotted config path `path` (`eaglet.stages`): model
     folders (the target, train.init_from's draft) and local dataset files by content, config
@@ -271,6 +297,8 @@ def keyed_value(config: PipelineConfig, path: str) -> Any:
             for s in config.evaluate.sets
         ]
         return value
+    if path == "hidden_states":  # its backends' sections as they were keyed before them
+        return hidden_states_keyed(config.hidden_states)
     if path == "target.dtype":  # what `auto` picks on this machine
         from eaglet.target import target_dtype
 

@@ -8,152 +8,32 @@ that names the key instead of a silently ignored setting.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
-    AfterValidator,
     BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
-from pydantic.fields import FieldInfo
 
+from eaglet.config_fields import CACHE_NEUTRAL, BaseUrl, Strict, is_local_path
+from eaglet.config_fields import bounds_text as bounds_text  # re-exported (docs, tests)
+from eaglet.config_fields import is_cache_neutral as is_cache_neutral  # re-exported
 from eaglet.draft.methods import MethodName
 from eaglet.errors import PermanentError
+from eaglet.hidden_states.backends import BACKENDS, BackendName, hidden_states_backend
 from eaglet.local_paths import absolute, is_hub_dataset, is_hub_id
-
-
-def base_url(url: str) -> str:
-    """A server's base URL as eaglet joins paths to it: `http(s)://host:port[/prefix]`, with no
-    trailing `/` and no trailing `/v1` (the base URL OpenAI clients take; eaglet adds `/v1/...`
-    itself, so both spellings name the same server)."""
-    url = url.strip()
-    if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1]) == 0:
-        raise ValueError(f"{url!r} is not an http:// or https:// URL")
-    if "?" in url or "#" in url:
-        raise ValueError(
-            f"{url.split('?', 1)[0].split('#', 1)[0]} has a query or fragment: eaglet joins "
-            "paths such as /v1/completions to a base URL, so a query would land in the middle "
-            "of every request's URL; give a token through the engine's api_key settings"
-        )
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
-BaseUrl = Annotated[str, AfterValidator(base_url)]
-
-# Marks a field that changes how fast or where a stage runs, never what it writes: a stage's
-# cache key leaves it out (eaglet.cache), so changing it reuses every finished stage. The UI
-# form's schema carries the mark too.
-CACHE_NEUTRAL = {"cache_neutral": True}
-
-
-def is_cache_neutral(field: FieldInfo) -> bool:
-    extra = field.json_schema_extra
-    return isinstance(extra, dict) and extra.get("cache_neutral") is True
 
 
 class ConfigError(PermanentError, ValueError):
     """A configuration file or override that cannot be used; the message says where and why."""
 
 
-def bounds_text(prop: dict[str, Any]) -> str:
-    """A number field's bounds in words (`1 to 1000`, `at least 0`, `above 0 and at most 1`),
-    read from its JSON schema (an optional field's from the number branch); empty if none."""
-    words = {
-        "minimum": "at least",
-        "exclusiveMinimum": "above",
-        "maximum": "at most",
-        "exclusiveMaximum": "below",
-    }
-    for branch in [prop, *prop.get("anyOf", [])]:
-        said = [(key, branch[key]) for key in words if key in branch]
-        if [key for key, _ in said] == ["minimum", "maximum"]:
-            return f"{said[0][1]:g} to {said[1][1]:g}"
-        if said:
-            return " and ".join(f"{words[key]} {value:g}" for key, value in said)
-    return ""
-
-
-def _say_bounds(schema: dict[str, Any]) -> None:
-    """The Prefect UI's form shows a field's description, never its schema's bounds: the
-    description says them."""
-    for prop in schema.get("properties", {}).values():
-        bounds = bounds_text(prop)
-        if bounds and prop.get("description"):
-            prop["description"] = f"{prop['description'].rstrip()} Range: {bounds}."
-
-
-def _blank_means_none(schema: dict[str, Any]) -> None:
-    """The Prefect UI's form shows an optional field (`str | None`, `int | None`) as a type/None
-    toggle; its schema here has only the value's type and no null default, so the form shows
-    one plain input, left blank for None (an enum gets a blank first choice). Prefect's
-    parameter check still takes null for it: an optional property without a default may be
-    null there (`prefect.utilities.schema_tools.validation`)."""
-    for prop in schema.get("properties", {}).values():
-        options = prop.get("anyOf", [])
-        if not any(option.get("type") == "null" for option in options):
-            continue
-        kept = [option for option in prop.pop("anyOf") if option.get("type") != "null"]
-        if len(kept) == 1:
-            prop.update(kept[0])
-        else:
-            prop["anyOf"] = kept
-        if "const" in prop:
-            prop["enum"] = [prop.pop("const")]
-        if "enum" in prop:  # the form shows the strings; null stays valid for Prefect's check
-            prop["enum"] = ["", *prop["enum"], None]
-        if "default" in prop and prop["default"] is None:
-            del prop["default"]
-
-
-def _form_schema(schema: dict[str, Any]) -> None:
-    _blank_means_none(schema)
-    _say_bounds(schema)
-
-
-def is_blank(value: Any) -> bool:
-    """What a form field left blank sends: an empty or all-space text, or an empty list."""
-    return (isinstance(value, str) and not value.strip()) or value == []
-
-
-def _is_number(annotation: Any) -> bool:
-    """An int or float field (optional or not): pydantic reads true as 1 there."""
-    kinds = get_args(annotation) or (annotation,)
-    return bool not in kinds and any(kind in (int, float) for kind in kinds)
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, json_schema_extra=_form_schema
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _blank_is_none(cls, data: Any) -> Any:
-        """A blank value of a field whose default is None (a form field left blank) is None."""
-        if not isinstance(data, dict):
-            return data
-        fields = cls.model_fields
-        for key, value in data.items():
-            if isinstance(value, bool) and key in fields and _is_number(fields[key].annotation):
-                raise ValueError(
-                    f"{key}: {str(value).lower()} is a yes/no value, not a number: write the "
-                    "number you mean"
-                )
-        return {
-            key: None
-            if key in fields and fields[key].default is None and is_blank(value)
-            else value
-            for key, value in data.items()
-        }
-
-
-class DatasetSpec(_Strict):
+class DatasetSpec(Strict):
     source: str = Field(
         description="Tag carried into every record (e.g. 'arith', 'glaive'): letters, digits, "
         "'.', '_' and '-', not starting with '.' (it may name files, so never a path).",
@@ -170,7 +50,7 @@ class DatasetSpec(_Strict):
     name: str | None = Field(None, description="Hub dataset config name, if any.")
 
 
-class TargetConfig(_Strict):
+class TargetConfig(Strict):
     model: str = Field(
         "runs/demo/models/fixture", description="Target model: a local folder or a hub model id."
     )
@@ -192,7 +72,7 @@ class TargetConfig(_Strict):
     )
 
 
-class TokenizeConfig(_Strict):
+class TokenizeConfig(Strict):
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra keyword arguments for apply_chat_template (e.g. enable_thinking).",
@@ -209,7 +89,7 @@ class TokenizeConfig(_Strict):
     )
 
 
-class SamplingChoice(_Strict):
+class SamplingChoice(Strict):
     """One entry of generation.sampling_plan: the sampling a share of the rows is generated
     with."""
 
@@ -226,7 +106,7 @@ class SamplingChoice(_Strict):
     )
 
 
-class GenerationConfig(_Strict):
+class GenerationConfig(Strict):
     engine: Literal["local", "vllm", "sglang", "openai"] = Field(
         "local", description="local = transformers in-process; the others are HTTP servers."
     )
@@ -372,7 +252,7 @@ class GenerationConfig(_Strict):
         return self
 
 
-class ReasoningConfig(_Strict):
+class ReasoningConfig(Strict):
     format: Literal["auto", "think_open_in_prompt", "think_in_output", "harmony", "none"] = Field(
         "auto",
         description="How the target marks its reasoning. auto = detect from the tokenizer and "
@@ -417,7 +297,24 @@ class ReasoningConfig(_Strict):
     )
 
 
-class HiddenStatesConfig(_Strict):
+# The keys hidden_states held itself before each backend had its section (issue 35), and the
+# backend whose section holds each now. Older configs still write them flat: they are read into
+# the section, and a stage key holds them flat, as it did (eaglet.cache). Never extended: a new
+# backend's keys live in its section only.
+FLAT_BACKEND_KEYS: dict[str, str] = {
+    "device_map": "hf",
+    **dict.fromkeys(
+        ("endpoints", "connector_path", "served_model", "concurrency", "request_timeout_s",
+         "vllm_python", "vllm_args", "startup_timeout_s"),
+        "vllm",
+    ),
+}  # fmt: skip
+
+
+class _HiddenStatesSettings(Strict):
+    """`hidden_states` but the backends' sections, which `HiddenStatesConfig` adds, one per
+    backend of the registry (`eaglet.hidden_states.backends`)."""
+
     aux_layer_ids: list[int] | None = Field(
         None,
         description="Target layers whose states feed the draft, in the vLLM/speculators "
@@ -449,81 +346,69 @@ class HiddenStatesConfig(_Strict):
         "bf16's bytes; benchmarks/hidden_states.py measured 0.7% relative error and 99.7% of "
         "the target's greedy tokens unchanged against float32 on the fixture (fp8: 2.6%, 99.2%).",
     )
-    backend: Literal["hf", "vllm"] = Field(
+    backend: BackendName = Field(
         "hf",
-        description="hf = transformers in-process (target.device, target.dtype, device_map); "
-        "vllm = a vLLM server started with the extract_hidden_states speculative method and a "
-        "hidden-states KV connector (see docs/hidden-states.md).",
-    )
-    device_map: Literal["auto"] | None = Field(
-        None,
-        description="hf backend: 'auto' spreads a model larger than one GPU over all GPUs "
-        "(transformers device_map); blank (null) loads it on target.device.",
-        json_schema_extra=CACHE_NEUTRAL,
-    )
-    endpoints: list[BaseUrl] = Field(
-        default_factory=lambda: ["http://127.0.0.1:8000"],
-        description="vllm backend: base URLs of the vLLM servers that extract hidden states.",
-        json_schema_extra=CACHE_NEUTRAL,
-    )
-    connector_path: str | None = Field(
-        None,
-        description="vllm backend: the connector's shared_storage_path as eaglet sees it (the "
-        "server writes one safetensors file per request there); needed for a server eaglet "
-        "does not start. eaglet reads and deletes files only there.",
-        json_schema_extra=CACHE_NEUTRAL,
-    )
-    served_model: str = Field(
-        "tiny", description="vllm backend: the served model name.", json_schema_extra=CACHE_NEUTRAL
-    )
-    concurrency: int = Field(
-        8,
-        ge=1,
-        le=4096,
-        description="vllm backend: requests in flight.",
-        json_schema_extra=CACHE_NEUTRAL,
-    )
-    request_timeout_s: float = Field(
-        600.0,
-        gt=0.0,
-        le=86_400.0,
-        description="vllm backend: seconds one request may take.",
-        json_schema_extra=CACHE_NEUTRAL,
-    )
-    vllm_python: str | None = Field(
-        None,
-        description="vllm backend: the python of a vLLM venv on this machine. Set, the "
-        "hidden_states stage (and online training) starts its own server for the target with "
-        "extract_hidden_states and the connector, uses it instead of endpoints, and stops it "
-        "when done (CPU: eaglet's connector; GPU: vLLM's stock one).",
-    )
-    vllm_args: list[str] = Field(
-        default_factory=list,
-        description="vllm backend: more flags for the server eaglet starts (e.g. "
-        "--tensor-parallel-size 8, --max-model-len 32768).",
-    )
-    startup_timeout_s: float = Field(
-        900.0,
-        gt=0.0,
-        le=86_400.0,
-        description="vllm backend: seconds the server eaglet starts may take to be healthy.",
-        json_schema_extra=CACHE_NEUTRAL,
+        description="What computes the target's states; its settings are the section of its "
+        "name: hf = transformers in-process (target.device, target.dtype; hidden_states.hf); "
+        "vllm = vLLM servers started with the extract_hidden_states speculative method and a "
+        "hidden-states KV connector (hidden_states.vllm; see the README). Older configs' keys "
+        "of a backend written in hidden_states itself (hidden_states.endpoints, "
+        "hidden_states.vllm_python, hidden_states.device_map, ...) are still read into its "
+        "section.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_keys_into_sections(cls, data: Any) -> Any:
+        """An older config's backend key written in hidden_states itself (FLAT_BACKEND_KEYS)
+        moves into its backend's section; written in both places with two values, it is an
+        error (which would win is anybody's guess)."""
+        if not isinstance(data, dict) or not any(key in data for key in FLAT_BACKEND_KEYS):
+            return data
+        data = dict(data)
+        for key in [key for key in data if key in FLAT_BACKEND_KEYS]:
+            name, value = FLAT_BACKEND_KEYS[key], data.pop(key)
+            section = data.get(name)
+            if isinstance(section, BaseModel):
+                section = section.model_dump(exclude_unset=True)
+            section = dict(section or {})
+            if key in section and section[key] != value:
+                raise ValueError(
+                    f"hidden_states.{key} (the older spelling) and hidden_states.{name}.{key} "
+                    f"are both set, to {value!r} and {section[key]!r}: keep "
+                    f"hidden_states.{name}.{key}"
+                )
+            section[key] = value
+            data[name] = section
+        return data
+
     @model_validator(mode="after")
-    def _connector_folder_known(self) -> HiddenStatesConfig:
-        # eaglet reads and deletes only files in the connector folder it knows: the one of
-        # the server it starts, or this one for a server someone else runs.
-        if self.backend == "vllm" and not self.vllm_python and not self.connector_path:
-            raise ValueError(
-                "hidden_states.backend=vllm with a server eaglet does not start (no "
-                "vllm_python) needs hidden_states.connector_path: the connector's "
-                "shared_storage_path as seen from this machine"
-            )
+    def _chosen_backend_can_run(self) -> _HiddenStatesSettings:
+        problem = getattr(self, self.backend).problem_when_chosen()
+        if problem:
+            raise ValueError(problem)
         return self
 
 
-class DFlashSettings(_Strict):
+def _backend_section(name: str) -> tuple[type, Any]:
+    settings = hidden_states_backend(name).settings
+    description = " ".join((settings.__doc__ or "").split())
+    return settings, Field(default_factory=settings, description=description)
+
+
+# `hidden_states`: the settings above and one section per backend of the registry, named as the
+# backend and typed as its `settings` (hidden_states.vllm: eaglet.hidden_states.backends.vllm.
+# VllmSettings). Built from the registry, so that adding a backend edits no line here.
+HiddenStatesConfig = create_model(
+    "HiddenStatesConfig",
+    __base__=_HiddenStatesSettings,
+    __doc__="The hidden_states stage's settings: layers, storage, the backend and its section.",
+    __module__=__name__,
+    **{name: _backend_section(name) for name in BACKENDS},
+)
+
+
+class DFlashSettings(Strict):
     block_size: int = Field(
         5,
         ge=2,
@@ -550,7 +435,7 @@ class DFlashSettings(_Strict):
     )
 
 
-class TrainConfig(_Strict):
+class TrainConfig(Strict):
     method: MethodName = Field(
         "eagle3",
         description="The draft method: eagle3 (a chain of k one-token steps, training-time "
@@ -781,7 +666,7 @@ class TrainConfig(_Strict):
         return self
 
 
-class EvalSet(_Strict):
+class EvalSet(Strict):
     name: Literal["mt-bench", "gsm8k", "math-500", "humaneval", "speed-bench", "custom"] = Field(
         description="The set's format: mt-bench (question_id, category, turns: the second turn "
         "asked after the target's own first answer), gsm8k (question), math-500 (problem), "
@@ -801,7 +686,7 @@ DEMO_EVAL_SETS = [  # the demo's evaluation sets, beside its datasets (eaglet.fi
 ]
 
 
-class EvaluateConfig(_Strict):
+class EvaluateConfig(Strict):
     sets: list[EvalSet] = Field(
         default_factory=list,
         description="Named evaluation sets measured beside the held-out prompts: τ, emitted τ "
@@ -883,7 +768,7 @@ class EvaluateConfig(_Strict):
         return self
 
 
-class ExecutionConfig(_Strict):
+class ExecutionConfig(Strict):
     task_runner: Literal["default", "dask"] = Field(
         "default",
         description="How the hidden_states stage's shard tasks run: default = one after "
@@ -899,7 +784,7 @@ class ExecutionConfig(_Strict):
     )
 
 
-class PipelineConfig(_Strict):
+class PipelineConfig(Strict):
     """Everything one eaglet run needs. Each stage reads only its own sub-model."""
 
     name: str = Field("demo", description="Run name, shown in Prefect and in reports.")
@@ -1022,9 +907,19 @@ def _list_index(override: str, path: list[str], depth: int, items: list) -> int:
     return index
 
 
+def _current_spelling(path: list[str]) -> list[str]:
+    """An override's key as the config holds it now: an older config's backend key written in
+    hidden_states itself (`hidden_states.endpoints`) in its backend's section
+    (`hidden_states.vllm.endpoints`), where the config it applies to holds it."""
+    if len(path) >= 2 and path[0] == "hidden_states" and path[1] in FLAT_BACKEND_KEYS:
+        return [path[0], FLAT_BACKEND_KEYS[path[1]], *path[1:]]
+    return path
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for override in overrides:
         path, value = parse_override(override)
+        path = _current_spelling(path)
         node: Any = data
         for depth, part in enumerate(path[:-1]):
             if isinstance(node, list):
@@ -1046,7 +941,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def resolve_paths(config: PipelineConfig, base: str | Path) -> PipelineConfig:
     """The config with its relative local paths made absolute against `base` (the folder of
-    the config file they were written in): `work_dir`, `hidden_states.connector_path`, and a
+    the config file they were written in): `work_dir`, a hidden-state backend's local paths
+    (`hidden_states.vllm.connector_path`: its section's fields marked `LOCAL_PATH`), and a
     `target.model` or dataset `path` unless it is a hub id (eaglet/local_paths.py: the one
     rule; a local folder that does not exist yet is still local)."""
     base = Path(base).expanduser().absolute()
@@ -1060,11 +956,18 @@ def resolve_paths(config: PipelineConfig, base: str | Path) -> PipelineConfig:
         )
         for spec in config.datasets
     ]
-    connector = getattr(config.hidden_states, "connector_path", None)
-    if connector:
-        updates["hidden_states"] = config.hidden_states.model_copy(
-            update={"connector_path": absolute(connector, base, hub_id=False)}
-        )
+    sections = {}
+    for name in BACKENDS:
+        section = getattr(config.hidden_states, name)
+        paths = {
+            key: absolute(value, base, hub_id=False)
+            for key, field in type(section).model_fields.items()
+            if is_local_path(field) and (value := getattr(section, key))
+        }
+        if paths:
+            sections[name] = section.model_copy(update=paths)
+    if sections:
+        updates["hidden_states"] = config.hidden_states.model_copy(update=sections)
     sets = [
         spec.model_copy(
             update={"path": absolute(spec.path, base, hub_id=is_hub_dataset(spec.path, base))}

@@ -13,20 +13,16 @@ from __future__ import annotations
 import sys
 from html import escape
 from pathlib import Path
-from typing import get_args
 
-from eaglet.config import HiddenStatesConfig
 from eaglet.engines.registry import ENGINES
+from eaglet.hidden_states.backends import BACKENDS
 from eaglet.stages import PRODUCER, STAGE_LIST, STAGES, upstream_names
 
 BOX_W, BOX_H, GAP, TOP, LEFT = 150, 96, 34, 130, 20
 FONT = 'font-family="DejaVu Sans, Arial, sans-serif"'
 PLUG_INS = {
     "generate": ("engines", tuple(ENGINES)),
-    "hidden_states": (
-        "backends",
-        get_args(HiddenStatesConfig.model_fields["backend"].annotation),
-    ),
+    "hidden_states": ("backends", tuple(BACKENDS)),
 }
 
 

@@ -19,7 +19,9 @@ checks, each finding naming the config key or the file and what to do:
   key (a misspelt `enable_thinkng` is otherwise silently ignored); `reasoning.format` fits;
 - lengths: `tokenize.max_prompt_tokens + generation.max_tokens` within the target's context;
 - the disk budget of the hidden_states shards (`eaglet.hidden_states.budget`), as an upper
-  bound: every sample at full length.
+  bound: every sample at full length;
+- the chosen hidden-state backend's own checks, owned by its module
+  (`eaglet.hidden_states.backends`: the vllm backend's servers and connector folder).
 
 `PreflightReport.raise_if_failed()` raises `PreflightError` (permanent: a retry cannot mend it)
 listing every problem; warnings are printed and left to the run.
@@ -766,11 +768,10 @@ def check_disk_budget(
 
 
 def check_vllm_python(config: PipelineConfig, report: PreflightReport) -> None:
-    """Each vLLM python eaglet will start a server with names an executable: the servers start
-    only at the hidden_states, train or evaluate stage, hours into a run."""
+    """The vLLM python the serving check starts a server with names an executable: the server
+    starts only at the evaluate stage, hours into a run (the hidden-state backend's is its
+    own check, `check_hidden_states_backend`)."""
     wanted = {
-        "hidden_states.vllm_python": config.hidden_states.backend == "vllm"
-        and config.hidden_states.vllm_python,
         "evaluate.vllm_python": config.evaluate.serving == "vllm"
         and not config.evaluate.serving_endpoint
         and config.evaluate.vllm_python,
@@ -802,7 +803,7 @@ def check_vllm_python(config: PipelineConfig, report: PreflightReport) -> None:
 ENDPOINT_TIMEOUT_S = 5.0
 
 
-def _vllm_endpoint_problem(setting: str, url: str) -> str | None:
+def vllm_endpoint_problem(setting: str, url: str) -> str | None:
     """Why `url` is not a vLLM server that answers (refused, timed out, no `/v1/models`), in
     one line naming `setting` and the URL; None when it answers as vLLM does."""
     import httpx
@@ -827,7 +828,7 @@ def _vllm_endpoint_problem(setting: str, url: str) -> str | None:
     return None
 
 
-def _not_vllm_problem(setting: str, url: str, needed: str, instead: str) -> str | None:
+def not_vllm_problem(setting: str, url: str, needed: str, instead: str) -> str | None:
     """Why `url` is not vLLM: no Prometheus `/metrics` with vLLM's `vllm:` series (any
     OpenAI-compatible server answers /v1/models too). `needed` says what needs vLLM,
     `instead` what to do."""
@@ -849,11 +850,6 @@ SERVED_TAU_NEEDS = "served τ is read from vLLM's spec-decode counters"
 SERVED_TAU_INSTEAD = (
     "point it at a vLLM server started with the draft, or set evaluate.serving: none"
 )
-HIDDEN_STATES_NEED = "hidden states come from vLLM's extract_hidden_states connector"
-HIDDEN_STATES_INSTEAD = (
-    "point it at a vLLM server started with eaglet's server_args, or set "
-    "hidden_states.vllm_python so that eaglet starts one"
-)
 
 
 def _tcp_problem(setting: str, address: str) -> str | None:
@@ -873,32 +869,24 @@ def _tcp_problem(setting: str, address: str) -> str | None:
         )
 
 
+def check_hidden_states_backend(config: PipelineConfig, report: PreflightReport) -> None:
+    """The chosen hidden-state backend's own checks (its servers, its settings), owned by its
+    module (`eaglet.hidden_states.backends`)."""
+    from eaglet.hidden_states.backends import hidden_states_backend
+
+    hidden_states_backend(config.hidden_states.backend).preflight(config, report)
+
+
 def check_endpoints(config: PipelineConfig, report: PreflightReport) -> None:
     """Servers the later stages will use, checked now rather than hours into the run: the
-    hidden-states vLLM servers (the vllm backend, or online training, without vllm_python),
-    the serving check's running server and a Dask scheduler. The generation servers are the
-    canary's (the first minute of generate)."""
-    hidden = config.hidden_states
-    online = config.train.hidden_states == "online"
-    wanted: list[tuple[str, str]] = []
-    if hidden.backend == "vllm" and not hidden.vllm_python:
-        wanted += [(f"hidden_states.endpoints[{i}]", u) for i, u in enumerate(hidden.endpoints)]
-        if online:
-            wanted = [(f"{s} (online training)", u) for s, u in wanted]
-    if hidden.backend == "vllm" and not hidden.vllm_python and hidden.connector_path:
-        from eaglet.hidden_states.vllm_backend import connector_folder_problem
-
-        problem = connector_folder_problem(hidden.connector_path)
-        if problem:
-            report.problems.append(f"hidden_states.connector_path: {problem}")
-    if config.evaluate.serving == "vllm" and config.evaluate.serving_endpoint:
-        wanted.append(("evaluate.serving_endpoint", config.evaluate.serving_endpoint))
-    for setting, url in wanted:
-        problem = _vllm_endpoint_problem(setting, url)
-        if problem is None and setting == "evaluate.serving_endpoint":
-            problem = _not_vllm_problem(setting, url, SERVED_TAU_NEEDS, SERVED_TAU_INSTEAD)
-        elif problem is None:
-            problem = _not_vllm_problem(setting, url, HIDDEN_STATES_NEED, HIDDEN_STATES_INSTEAD)
+    serving check's running server and a Dask scheduler. The generation servers are the
+    canary's (the first minute of generate); the hidden-state backend's are its own check."""
+    url = config.evaluate.serving_endpoint
+    if config.evaluate.serving == "vllm" and url:
+        setting = "evaluate.serving_endpoint"
+        problem = vllm_endpoint_problem(setting, url) or not_vllm_problem(
+            setting, url, SERVED_TAU_NEEDS, SERVED_TAU_INSTEAD
+        )
         if problem:
             report.problems.append(problem)
         else:
@@ -977,6 +965,7 @@ def preflight(config: PipelineConfig, until: str = "evaluate") -> PreflightRepor
     check_work_dir(config, report)
     check_vllm_python(config, report)
     check_devices(config, report)
+    check_hidden_states_backend(config, report)
     check_endpoints(config, report)
     load_target(config, report)
     model_config, tokenizer = report.model_config, report.tokenizer

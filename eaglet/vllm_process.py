@@ -8,7 +8,7 @@ is never taken for it.
 
 One home for what both users of a local server need: the evaluate stage (the target with the
 draft as its eagle3 speculative model, `eaglet.draft.serving`) and the hidden_states stage and
-online training (the target with `extract_hidden_states`, `eaglet.hidden_states.vllm_backend`).
+online training (the target with `extract_hidden_states`, `eaglet.hidden_states.backends.vllm`).
 """
 
 from __future__ import annotations

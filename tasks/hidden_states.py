@@ -19,10 +19,9 @@ from pathlib import Path
 from prefect import get_run_logger, task, unmapped
 
 from eaglet.config import ExecutionConfig, PipelineConfig
-from eaglet.errors import PermanentError
+from eaglet.hidden_states.backends import hidden_states_backend
 from eaglet.hidden_states.reuse import FeatureReuse
 from eaglet.hidden_states.stage import ShardSpec, backend_factory, build_shard, prepare_stage
-from eaglet.hidden_states.vllm_backend import started_server
 from eaglet.reuse import earlier_runs_alike
 from eaglet.stages import EXAMPLES_FILE
 from eaglet.storage import read_manifest, stage_dir
@@ -97,14 +96,11 @@ def map_hidden_state_shards(config: PipelineConfig, examples: dict) -> list[dict
     shards = hidden_states_plan(config, examples)
     if not shards:
         return []
-    if config.hidden_states.vllm_python and config.execution.dask_address:
-        raise PermanentError(
-            "hidden_states.vllm_python starts a vLLM server on 127.0.0.1, which the workers of "
-            f"the Dask cluster at {config.execution.dask_address} cannot reach: start servers "
-            "they can reach and list them in hidden_states.endpoints"
-        )
+    # The servers the backend starts for the stage (the vllm backend's vllm_python): its
+    # preflight refused a server on 127.0.0.1 that a remote Dask cluster's workers must reach.
     folder = Path(shards[0]["folder"])
-    with started_server(config, folder, get_run_logger().info) as run:
+    backend = hidden_states_backend(config.hidden_states.backend)
+    with backend.serving(config, folder, get_run_logger().info) as run:
         with task_runner(config.execution) as runner:
             futures = runner.map(
                 hidden_states_shard,

@@ -1,6 +1,7 @@
 """PipelineConfig: YAML loading, overrides, and errors that name the offending key."""
 
 import pytest
+import yaml
 
 from eaglet.config import ConfigError, PipelineConfig, load_config
 
@@ -193,7 +194,7 @@ def test_an_endpoint_written_the_openai_way_names_the_same_server(written):
         ],
     )
     assert config.generation.endpoints == ["http://h:8000"]
-    assert config.hidden_states.endpoints == ["http://h:8000"]
+    assert config.hidden_states.vllm.endpoints == ["http://h:8000"]
     assert config.evaluate.serving_endpoint == "http://h:8000"
 
 
@@ -207,3 +208,64 @@ def test_the_same_file_under_two_source_tags_is_an_error():
         load_config(
             None, ["datasets=[{source: a, path: /d/x.jsonl}, {source: b, path: /d/x.jsonl}]"]
         )
+
+
+OLD_HIDDEN_STATES = """\
+hidden_states:
+  backend: vllm
+  storage: bfloat16
+  endpoints: [http://h:8100/v1]
+  connector_path: connector
+  served_model: big
+  concurrency: 32
+  vllm_args: [--max-model-len, '4096']
+"""
+NEW_HIDDEN_STATES = """\
+hidden_states:
+  backend: vllm
+  storage: bfloat16
+  vllm:
+    endpoints: [http://h:8100/v1]
+    connector_path: connector
+    served_model: big
+    concurrency: 32
+    vllm_args: [--max-model-len, '4096']
+"""
+
+
+def test_a_backends_keys_written_in_hidden_states_itself_still_load_into_its_section(tmp_path):
+    """Issue 35 gave each hidden-state backend its section (hidden_states.hf, .vllm); a config
+    written before, its keys in hidden_states itself, loads as the same config, overrides of
+    the older spelling included, and its relative connector_path resolves against the file's
+    folder as before."""
+    (tmp_path / "old.yaml").write_text(OLD_HIDDEN_STATES)
+    (tmp_path / "new.yaml").write_text(NEW_HIDDEN_STATES)
+    old, new = load_config(tmp_path / "old.yaml"), load_config(tmp_path / "new.yaml")
+    assert old == new
+    vllm = new.hidden_states.vllm
+    assert vllm.endpoints == ["http://h:8100"] and vllm.served_model == "big"
+    assert vllm.connector_path == str(tmp_path / "connector")
+    assert vllm.vllm_args == ["--max-model-len", "4096"] and new.hidden_states.storage == "bfloat16"
+    for spelling in ("hidden_states.concurrency=4", "hidden_states.vllm.concurrency=4"):
+        for path in (tmp_path / "old.yaml", tmp_path / "new.yaml"):
+            assert load_config(path, [spelling]).hidden_states.vllm.concurrency == 4
+    flat = PipelineConfig.model_validate({"hidden_states": {"device_map": "auto"}})
+    assert flat.hidden_states.hf.device_map == "auto"
+    saved = tmp_path / "saved.yaml"  # what a run writes (WORK_DIR/config.yaml) loads back
+    saved.write_text(yaml.safe_dump(old.model_dump(mode="json")))
+    assert load_config(saved) == old
+
+
+def test_a_backend_key_written_both_ways_with_two_values_is_an_error(tmp_path):
+    path = tmp_path / "both.yaml"
+    path.write_text(NEW_HIDDEN_STATES + "  served_model: other\n")
+    with pytest.raises(ConfigError, match="hidden_states.served_model .* and hidden_states.vllm"):
+        load_config(path)
+    path.write_text(NEW_HIDDEN_STATES + "  served_model: big\n")  # the same value: no doubt
+    assert load_config(path).hidden_states.vllm.served_model == "big"
+
+
+def test_a_vllm_server_eaglet_does_not_start_needs_its_connector_folder():
+    with pytest.raises(ConfigError, match="needs hidden_states.vllm.connector_path"):
+        load_config(None, ["hidden_states.backend=vllm"])
+    assert load_config(None, ["hidden_states.vllm.connector_path=/c"])  # hf: not needed

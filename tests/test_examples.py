@@ -186,7 +186,7 @@ def test_example_passes_the_preflight_on_its_stand_in(example, tmp_path):
         # No tokenizer ships for it: that is named, and (for the seeds' job) the hidden-states
         # server that is not running here; nothing else.
         missing = [p for p in report.problems if "no tokenizer in the folder" in p]
-        servers = [p for p in report.problems if p.startswith("hidden_states.endpoints[0]")]
+        servers = [p for p in report.problems if p.startswith("hidden_states.vllm.endpoints[0]")]
         assert len(missing) == 1, report.render()
         assert sorted(report.problems) == sorted(missing + servers), report.render()
         assert len(servers) == (written.hidden_states.backend == "vllm")

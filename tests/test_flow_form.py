@@ -64,16 +64,18 @@ def test_the_full_form_has_no_toggles_and_prefect_takes_its_defaults():
 
     schema = parameter_schema(pipeline).model_dump()
     assert nullable_fields(schema) == []
-    hidden = schema["definitions"]["HiddenStatesConfig"]["properties"]
-    assert hidden["device_map"]["enum"] == ["", "auto", None]  # the form shows "" and "auto"
-    assert "default" not in hidden["connector_path"]  # blank, not "null"
+    definitions = schema["definitions"]
+    assert set(definitions["HiddenStatesConfig"]["properties"]) >= {"backend", "hf", "vllm"}
+    hf, vllm = definitions["HFSettings"]["properties"], definitions["VllmSettings"]["properties"]
+    assert hf["device_map"]["enum"] == ["", "auto", None]  # the form shows "" and "auto"
+    assert "default" not in vllm["connector_path"]  # blank, not "null"
     defaults = {name: prop["default"] for name, prop in schema["properties"].items()}
     assert validate(defaults, schema, raise_on_error=True) == []
     defaults["config"]["train"]["threads"] = 0
-    defaults["config"]["hidden_states"]["device_map"] = "gpu"
+    defaults["config"]["hidden_states"]["hf"]["device_map"] = "gpu"
     refused = validate(defaults, schema, ignore_required=True)
     assert sorted(error.json_path for error in refused) == [
-        "$.config.hidden_states.device_map", "$.config.train.threads"
+        "$.config.hidden_states.hf.device_map", "$.config.train.threads"
     ]  # fmt: skip
 
 
@@ -90,7 +92,7 @@ def test_a_blank_optional_field_is_none(tmp_path):
         }
     )
     assert config.target.revision is None
-    assert config.hidden_states.device_map is None
+    assert config.hidden_states.hf.device_map is None
     assert config.hidden_states.aux_layer_ids is None
     assert config.train.init_from is None
     assert config.evaluate.serving_endpoint is None

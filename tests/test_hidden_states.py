@@ -11,13 +11,13 @@ import torch
 from safetensors import safe_open
 
 from eaglet.draft.train_data import HiddenStatesData
+from eaglet.hidden_states.backends.hf import HFBackend, length_batches
 from eaglet.hidden_states.budget import (
     DiskBudgetError,
     check_disk_budget,
     estimate_bytes,
 )
 from eaglet.hidden_states.feature_encoding import bytes_per_token, decode, encode
-from eaglet.hidden_states.hf import HFBackend, length_batches
 from eaglet.hidden_states.layers import resolve_aux_layer_ids
 from eaglet.hidden_states.shards import read_window, write_safetensors_hashed
 from eaglet.hidden_states.stage import plan_shards, stage_body

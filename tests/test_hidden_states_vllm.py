@@ -16,13 +16,15 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from eaglet.config import TrainConfig
-from eaglet.draft.online import OnlineData, Served
+from eaglet.draft.online import OnlineData
 from eaglet.draft.train import train_draft
-from eaglet.hidden_states.hf import HFBackend
+from eaglet.hidden_states.backends import hidden_states_backend
+from eaglet.hidden_states.backends.base import Window
+from eaglet.hidden_states.backends.hf import HFBackend
+from eaglet.hidden_states.backends.vllm import VllmBackend, started_server
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
 from eaglet.hidden_states.shards import read_window
 from eaglet.hidden_states.stage import stage_body
-from eaglet.hidden_states.vllm_backend import VllmBackend, VllmFeatureSource, started_server
 from tests.hidden_states_helpers import config_for, write_examples
 from tests.vllm_server import vllm_python
 
@@ -50,13 +52,9 @@ SERVER_ARGS = ["--enforce-eager", "--max-model-len", "1024"]
 
 def eaglet_started(config, vllm_python: Path):
     """`config` with the vllm backend and a server eaglet starts itself (vllm_python)."""
+    server = {"vllm_python": str(vllm_python), "vllm_args": SERVER_ARGS, "concurrency": 4}
     settings = config.hidden_states.model_copy(
-        update={
-            "backend": "vllm",
-            "vllm_python": str(vllm_python),
-            "vllm_args": SERVER_ARGS,
-            "concurrency": 4,
-        }
+        update={"backend": "vllm", "vllm": config.hidden_states.vllm.model_copy(update=server)}
     )
     return config.model_copy(update={"hidden_states": settings})
 
@@ -69,7 +67,7 @@ def served(fixture_model_dir, tmp_path_factory):
     folder = tmp_path_factory.mktemp("vllm-hs")
     config = config_for(folder / "work", fixture_model_dir, aux_layer_ids=[2, 4, 5])
     with started_server(eaglet_started(config, vllm_python()), folder) as run:
-        assert run.hidden_states.endpoints[0].startswith("http://127.0.0.1:")
+        assert run.hidden_states.vllm.endpoints[0].startswith("http://127.0.0.1:")
         yield run, folder / "connector"
     assert not (folder / "connector").exists()  # removed with the server
 
@@ -131,20 +129,29 @@ def test_stage_starts_its_own_server_and_writes_the_shards_hf_writes(fixture_mod
                 assert torch.equal(windows[0][key], value)
 
 
-def test_feature_source_streams_samples_as_the_shards_hold_them(served, tmp_path):
+def test_the_registrys_source_gives_features_as_the_shards_hold_them(served, tmp_path):
+    """The vllm backend opened from the registry, as the stage and online training open it:
+    per sample (an example, or an online training window), float32 aux [n, 3H] and final
+    [n, H], in the order given, whatever order the concurrent requests finish in."""
     config, _ = served
     examples = write_examples(tmp_path / "examples.jsonl", 5, seed=6)
-    source = VllmFeatureSource(config.target, config.hidden_states)
-    items = list(source.batches(iter(examples)))
+    windows = [Window(f"{e.sample_id}[:7]", e.input_ids[:7]) for e in examples[:2]]
+    source = hidden_states_backend("vllm").open(config.target, config.hidden_states, [2, 4, 5])
+    done = []
+    items = source.features([*examples, *windows], on_tokens=done.append)
     source.close()
-    assert [i["sample_id"] for i in items] == [e.sample_id for e in examples]
     H = 128
-    for item, example in zip(items, examples, strict=True):
-        n = len(example.input_ids)
-        assert item["input_ids"].dtype == torch.long and item["input_ids"].shape == (n,)
-        assert item["loss_mask"].dtype == torch.bool
+    for item, sample in zip(items, [*examples, *windows], strict=True):
+        n = len(sample.input_ids)
         assert item["aux_hidden_states"].shape == (n, 3 * H)
+        assert item["final_hidden_states"].shape == (n, H)
         assert item["final_hidden_states"].dtype == torch.float32
+    assert sum(done) == sum(len(s.input_ids) for s in [*examples, *windows])
+    for window, item in zip(windows, items[len(examples) :], strict=True):  # a prefix's states
+        whole = items[[e.sample_id for e in examples].index(window.sample_id[:-4])]
+        torch.testing.assert_close(
+            item["aux_hidden_states"], whole["aux_hidden_states"][:7], rtol=1e-4, atol=1e-4
+        )
 
 
 def test_served_online_draft_matches_colocated(served, tmp_path):
@@ -163,7 +170,7 @@ def test_served_online_draft_matches_colocated(served, tmp_path):
         config.target,
         aux,
         max_seq_len=train.max_seq_len,
-        source=Served(config.target, config.hidden_states),
+        hidden_states=config.hidden_states,  # the vllm backend, from the registry
         prefetch=2,
     )
     summary = train_draft(

@@ -283,7 +283,7 @@ def test_a_vllm_python_that_is_not_there_is_named_before_any_stage(setup, tmp_pa
         hidden_states__backend="vllm",
         hidden_states__vllm_python=str(tmp_path / "no-venv" / "bin" / "python"),
     )
-    assert any(p.startswith("hidden_states.vllm_python:") for p in problems), problems
+    assert any(p.startswith("hidden_states.vllm.vllm_python:") for p in problems), problems
     assert not run(setup, hidden_states__backend="vllm", hidden_states__vllm_python=sys.executable)
     serving = dict(evaluate__serving="vllm", evaluate__vllm_python=str(tmp_path / "python"))
     problems = run(setup, **serving)
@@ -338,7 +338,7 @@ def test_a_dead_hidden_states_endpoint_is_named_before_any_stage(setup, tmp_path
         hidden_states__connector_path=str(tmp_path),
     )
     assert any(
-        p.startswith("hidden_states.endpoints[0]") and url in p and "does not answer" in p
+        p.startswith("hidden_states.vllm.endpoints[0]") and url in p and "does not answer" in p
         for p in problems
     ), problems
 

@@ -15,7 +15,7 @@ from safetensors import safe_open
 
 from eaglet.cache import stage_key
 from eaglet.config import load_config
-from eaglet.hidden_states.hf import HFBackend
+from eaglet.hidden_states.backends.hf import HFBackend
 from eaglet.records.examples import Example
 from eaglet.stage_context import PlainContext
 from eaglet.stage_reasons import reuse_estimate

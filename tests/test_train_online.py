@@ -10,13 +10,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eaglet.config import TargetConfig, TrainConfig
+from eaglet.config import HiddenStatesConfig, TargetConfig, TrainConfig
 from eaglet.draft.evaluate import evaluate_draft
 from eaglet.draft.launch import run_job, train_job
-from eaglet.draft.online import CoLocated, OnlineData
+from eaglet.draft.online import OnlineData
 from eaglet.draft.train import train_draft
 from eaglet.draft.train_data import HiddenStatesData
-from eaglet.hidden_states.hf import HFBackend
+from eaglet.hidden_states.backends import hidden_states_backend
+from eaglet.hidden_states.backends.hf import HFBackend
 from eaglet.records.io import write_jsonl
 from tests.train_helpers import (
     ANSWER_LEN,
@@ -152,15 +153,19 @@ def test_killed_online_run_resumes_at_the_same_data_position(drafts, world, monk
 
 
 class CountingSource:
-    """Stands in for the served source (vLLM): the co-located features, counted."""
+    """Stands in for a served source (vLLM): the hf backend's features, counted."""
 
     def __init__(self, world):
-        self.inner = CoLocated(target(world), AUX_IDS)
+        backend = hidden_states_backend("hf")
+        self.inner = backend.open(target(world), HiddenStatesConfig(), AUX_IDS)
         self.calls = 0
 
-    def forward(self, batch):
+    def features(self, samples, on_tokens=None):
         self.calls += 1
-        return self.inner.forward(batch)
+        return self.inner.features(samples, on_tokens)
+
+    def close(self):
+        self.inner.close()
 
 
 def test_prefetch_runs_ahead_within_its_bound_and_changes_nothing(world, tmp_path):
@@ -226,7 +231,7 @@ class RefusingSource:
     """A served source whose server is not vLLM: every forward fails with the backend's own
     message (what `VllmBackend.one` raises on an answer without the connector's file)."""
 
-    def forward(self, batch):
+    def features(self, samples, on_tokens=None):
         raise RuntimeError(
             "http://127.0.0.1:9/v1/completions returned no kv_transfer_params.hidden_states_path"
         )

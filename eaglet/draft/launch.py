@@ -24,8 +24,9 @@ from typing import Any
 
 from eaglet.config import HiddenStatesConfig, PipelineConfig, TargetConfig, TrainConfig
 from eaglet.cpu_threads import choose_threads, report_to
-from eaglet.draft.online import OnlineData, Served
+from eaglet.draft.online import OnlineData
 from eaglet.draft.train import train_draft
+from eaglet.hidden_states.backends import hidden_states_backend
 from eaglet.hidden_states.feature_encoding import bytes_per_token
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, layer_ids_of
 from eaglet.hidden_states.shards import read_index
@@ -143,27 +144,31 @@ def run_job(job: dict[str, Any], progress: Callable[[dict], None] | None = None)
     data: Any = job["hidden_states_dir"]
     if job["examples_path"]:
         settings = HiddenStatesConfig.model_validate(job["hidden_states"])
-        served = settings.backend == "vllm"
+        served = hidden_states_backend(settings.backend).served  # fetched ahead when served
         data = OnlineData(
             Path(job["examples_path"]),
             target,
             job["aux_layer_ids"],
             exclude,
             train.max_seq_len,
-            source=Served(target, settings) if served else None,  # None: co-located
             prefetch=train.online_prefetch if served else 0,
+            hidden_states=settings,  # the backend it names, opened on first use
         )
-    return train_draft(
-        data,
-        target,
-        Path(job["out_dir"]),
-        train,
-        job["aux_layer_ids"],
-        job["aux_layer_convention"],
-        exclude_sample_ids=exclude,
-        progress=progress,
-        resume=job["resume"],
-    )
+    try:
+        return train_draft(
+            data,
+            target,
+            Path(job["out_dir"]),
+            train,
+            job["aux_layer_ids"],
+            job["aux_layer_convention"],
+            exclude_sample_ids=exclude,
+            progress=progress,
+            resume=job["resume"],
+        )
+    finally:
+        if isinstance(data, OnlineData):
+            data.close()
 
 
 def worker_threads(threads: int | None, nproc_per_node: int, **readers) -> int:

@@ -1,16 +1,14 @@
 """Online training data: the examples themselves, with each batch's features computed by the
 target as training goes (train.hidden_states: online), so no feature shard is ever stored.
 
-Two sources of features, chosen by hidden_states.backend:
-
-- co-located (`hf`): the target runs in the training process through the hf hidden-states
-  backend (`HFBackend.forward`, the very function the offline stage stores features with),
-  frozen and without grad, on `target.device`, micro-batch by micro-batch;
-- served (`vllm`): vLLM servers with the hidden-states connector compute them
-  (`eaglet.hidden_states.vllm_backend.VllmBackend.stream`, concurrent requests), and a thread
-  fetches the micro-batches the trainer will read next (`train.plan`) into a bounded queue of
-  `train.online_prefetch` micro-batches: ahead of the trainer, blocked when the trainer is
-  slower (back-pressure), nothing on disk.
+The features come from the hidden-state backend `hidden_states.backend` names, opened from
+the registry (`eaglet.hidden_states.backends`) as the offline stage opens it, and computed by
+the very function the offline stage stores features with (`FeatureSource.features`): the hf
+backend runs the target in the training process, frozen and without grad, micro-batch by
+micro-batch; a served backend (`served`, the vllm backend's servers) is fetched ahead by a
+thread: the micro-batches the trainer will read next (`train.plan`) go into a bounded queue of
+`train.online_prefetch` micro-batches, ahead of the trainer, blocked when the trainer is slower
+(back-pressure), nothing on disk.
 
 A training window that starts inside a long sample gets the states of its full prefix, as the
 offline windows cut from whole-sample states do. `OnlineData` has `HiddenStatesData`'s
@@ -23,62 +21,17 @@ import queue
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
 from eaglet.config import HiddenStatesConfig, TargetConfig
 from eaglet.draft.train_data import data_fingerprint, window_starts
 from eaglet.draft.vocab import count_tokens
-from eaglet.hidden_states.hf import HFBackend
+from eaglet.hidden_states.backends import hidden_states_backend
+from eaglet.hidden_states.backends.base import FeatureSource, Window
 from eaglet.records.examples import Example
 from eaglet.records.io import read_jsonl
 from eaglet.target import load_config
-
-
-class FeatureSource(Protocol):
-    def forward(self, batch: list[list[int]]) -> list[dict[str, torch.Tensor]]:
-        """Per token-id list: aux_hidden_states [n, 3H], final_hidden_states [n, H] (float)."""
-        ...
-
-
-class CoLocated:
-    """The target in this process (hf backend), frozen, loaded on first use."""
-
-    def __init__(self, target: TargetConfig, aux_layer_ids: list[int]):
-        self.target, self.aux_layer_ids = target, aux_layer_ids
-        self._backend: HFBackend | None = None
-
-    def forward(self, batch: list[list[int]]) -> list[dict[str, torch.Tensor]]:
-        if self._backend is None:  # a resume that is already done loads nothing
-            self._backend = HFBackend(self.target, self.aux_layer_ids)
-            for p in self._backend.model.parameters():
-                p.requires_grad_(False)
-        return self._backend.forward(batch)
-
-
-class Served:
-    """vLLM servers with the hidden-states connector (hidden_states.backend: vllm)."""
-
-    def __init__(self, target: TargetConfig, settings: HiddenStatesConfig):
-        from eaglet.hidden_states.vllm_backend import VllmBackend  # httpx client, only when served
-
-        self.backend = VllmBackend(target, settings)
-
-    def forward(self, batch: list[list[int]]) -> list[dict[str, torch.Tensor]]:
-        examples = [
-            Example(
-                sample_id=f"window-{i}",
-                source="online",
-                reasoning="",
-                content="",
-                input_ids=ids,
-                loss_mask=[0] * len(ids),
-                finish_reason="stop",
-            )
-            for i, ids in enumerate(batch)
-        ]
-        return [features for _, features in self.backend.stream(examples)]
 
 
 class OnlineData:
@@ -96,9 +49,12 @@ class OnlineData:
         max_seq_len: int = 1024,
         source: FeatureSource | None = None,
         prefetch: int = 0,
+        hidden_states: HiddenStatesConfig | None = None,
     ):
-        """`source` defaults to the co-located target; `prefetch` > 0 micro-batches are
-        computed ahead in a thread once `start_prefetch` is given the trainer's plan."""
+        """`source` defaults to the backend `hidden_states.backend` names (the defaults': hf),
+        opened on first use (a resume that is already done opens nothing); `prefetch` > 0
+        micro-batches are computed ahead in a thread once `start_prefetch` is given the
+        trainer's plan."""
         self.root = Path(examples_path)
         self.target = target
         self.aux_layer_ids = list(aux_layer_ids)
@@ -114,7 +70,8 @@ class OnlineData:
             for start, length in window_starts(len(e.input_ids), max_seq_len)
         ]
         self.hidden_size = load_config(target).hidden_size
-        self.source = source or CoLocated(target, self.aux_layer_ids)
+        self.settings = hidden_states or HiddenStatesConfig()
+        self._source = source
         self.prefetch = prefetch
         self._queue: queue.Queue | None = None
         self._stop = threading.Event()
@@ -132,11 +89,28 @@ class OnlineData:
             "prefix_ids": torch.tensor(e.input_ids[: start + length]),  # the target's input
         }
 
+    @property
+    def source(self) -> FeatureSource:
+        if self._source is None:
+            backend = hidden_states_backend(self.settings.backend)
+            self._source = backend.open(self.target, self.settings, self.aux_layer_ids)
+        return self._source
+
+    def close(self) -> None:
+        """Close the source, if one was opened."""
+        if self._source is not None:
+            self._source.close()
+
     def features(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
         """The windows `indices` with the target's aux [n, 3H] and final [n, H] states, from
-        one forward of the target over the windows' prefixes."""
+        the source's features of the windows' prefixes."""
         items = [self[i] for i in indices]
-        computed = self.source.forward([item.pop("prefix_ids").tolist() for item in items])
+        prefixes = []
+        for i, item in zip(indices, items, strict=True):
+            row, start, length = self.windows[i]
+            name = f"{self.examples[row].sample_id}[:{start + length}]"
+            prefixes.append(Window(name, item.pop("prefix_ids").tolist()))
+        computed = self.source.features(prefixes)
         for item, f in zip(items, computed, strict=True):
             n = len(item["input_ids"])
             item["aux_hidden_states"] = f["aux_hidden_states"][-n:]

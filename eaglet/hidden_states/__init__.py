@@ -1,2 +1,3 @@
-"""Target features for EAGLE-3 training: backends that compute them, the storage forms and the
-safetensors shards they are written to."""
+"""Target features for EAGLE-3 training: the backends that compute them (`backends`, one
+module per backend behind a registry), the storage forms and the safetensors shards they are
+written to."""

@@ -4,9 +4,10 @@ then write the index.
 - Plan: one streaming pass over `examples.jsonl` cuts it into shards of about
   `shard_tokens` tokens, in file order; each shard is a byte range of that file. The plan
   depends only on the file and `shard_tokens`, never on where an earlier run stopped.
-- Shard: its examples are read from their byte range, run through the backend in length
-  buckets (bounded by the shard: nothing holds the whole dataset), stored in file order, and
-  written with their sha256 computed as the bytes go out. A record
+- Shard: its examples are read from their byte range, run through the backend
+  (`hidden_states.backend`, from the registry `eaglet.hidden_states.backends`; the hf backend
+  in length buckets), bounded by the shard (nothing holds the whole dataset), stored in file
+  order, and written with their sha256 computed as the bytes go out. A record
   `progress/<shard>.json` (bytes, sha256, index rows) is then written atomically: a shard
   without one is not finished. On resume a finished shard is verified (size + sha256) and
   skipped; a corrupt or truncated one is rebuilt.
@@ -31,9 +32,10 @@ import torch
 from eaglet.config import PipelineConfig
 from eaglet.cpu_threads import apply_threads
 from eaglet.errors import NonFiniteError
+from eaglet.hidden_states.backends import hidden_states_backend
+from eaglet.hidden_states.backends.base import FeatureSource
 from eaglet.hidden_states.budget import check_disk_budget
 from eaglet.hidden_states.feature_encoding import bytes_per_token, check_storage, encode
-from eaglet.hidden_states.hf import HFBackend
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, layer_ids_of
 from eaglet.hidden_states.reuse import FeatureReuse
 from eaglet.hidden_states.shards import INDEX, join_samples, write_safetensors_hashed
@@ -163,7 +165,7 @@ def build_shard(
     folder: Path,
     examples_path: Path,
     spec: ShardSpec,
-    backend_factory: Callable[[], Any],
+    backend_factory: Callable[[], FeatureSource],
     storage: str,
     verify_hash: bool = True,
     on_tokens: Callable[[int], None] | None = None,
@@ -303,20 +305,11 @@ def prepare(
     return specs
 
 
-def make_backend(config: PipelineConfig):
-    """The configured backend (hf: the target loaded in this process; vllm: a client)."""
-    settings = config.hidden_states
-    if settings.backend == "vllm":
-        from eaglet.hidden_states.vllm_backend import VllmBackend
-
-        return VllmBackend(config.target, settings)
-    return HFBackend(
-        config.target,
-        target_shape(config)[2],
-        batch_size=settings.batch_size,
-        batch_tokens=settings.batch_tokens,
-        device_map=settings.device_map,
-    )
+def open_source(config: PipelineConfig) -> FeatureSource:
+    """The configured backend's source of the target's features at the layers the run's draft
+    method reads (hf: the target loaded in this process; vllm: a client of its servers)."""
+    backend = hidden_states_backend(config.hidden_states.backend)
+    return backend.open(config.target, config.hidden_states, target_shape(config)[2])
 
 
 def backend_factory(
@@ -324,21 +317,23 @@ def backend_factory(
     stack: ExitStack | None = None,
     folder: Path | None = None,
     report: Callable[[str], None] = print,
-) -> Callable[[], Any]:
-    """A factory that builds the backend on first use: skipped shards never load a model. With
-    a `stack`, a vLLM server of eaglet's own (`hidden_states.vllm_python`) is started in
-    `folder` on first use too, and stops when the stack closes."""
-    made: list = []
+) -> Callable[[], FeatureSource]:
+    """A factory that opens the backend's source on first use: skipped shards never load a
+    model. With a `stack`, the servers the backend starts for a stage (the vllm backend's
+    `hidden_states.vllm.vllm_python`) start in `folder` on first use too, and they stop and
+    the source closes when the stack closes."""
+    made: list[FeatureSource] = []
 
-    def get():
+    def get() -> FeatureSource:
         if not made:
             apply_threads("hidden_states", report=report)  # in the thread that computes
             run = config
             if stack is not None:
-                from eaglet.hidden_states.vllm_backend import started_server
-
-                run = stack.enter_context(started_server(config, folder, report))
-            made.append(make_backend(run))
+                backend = hidden_states_backend(config.hidden_states.backend)
+                run = stack.enter_context(backend.serving(config, folder, report))
+            made.append(open_source(run))
+            if stack is not None:
+                stack.callback(made[0].close)
         return made[0]
 
     return get
@@ -383,7 +378,7 @@ def stage_body(
         earlier = earlier_runs_alike("hidden_states", config, folder)
         reuse = FeatureReuse(earlier) if earlier else None
         reused = computed = 0
-        with ExitStack() as stack:  # a vLLM server eaglet started stops when the loop ends
+        with ExitStack() as stack:  # servers the backend started stop when the loop ends
             get_backend = backend_factory(config, stack, folder, report)
             for spec in specs:
                 within = [0]  # tokens of this shard reported so far

@@ -15,7 +15,7 @@ from pathlib import Path
 from eaglet.config import PipelineConfig
 from eaglet.draft.launch import feature_disk, pipeline_job, run_training
 from eaglet.draft.methods import draft_method
-from eaglet.hidden_states.vllm_backend import started_server
+from eaglet.hidden_states.backends import hidden_states_backend
 from eaglet.progress import Throttle
 from eaglet.stage_context import StageContext, figures_markdown
 from eaglet.stages import DRAFT_FOLDER, EXAMPLES_FILE, LOSS_PLOT_FILE
@@ -47,9 +47,11 @@ def run(
         ctx.info(f"{line}, acc {[round(a, 3) for a in update['acc']]}")
         set_progress(update["step"] / update["stop_at"], line)
 
-    # Online with hidden_states.vllm_python: a vLLM server of eaglet's own serves the features
-    # while training runs (otherwise `run_config` is `config`).
-    with started_server(config, folder, ctx.info) if online else nullcontext(config) as run_config:
+    # Online, the servers the backend starts for a stage (hidden_states.vllm.vllm_python) serve
+    # the features while training runs (otherwise `run_config` is `config`).
+    backend = hidden_states_backend(config.hidden_states.backend)
+    serving = backend.serving(config, folder, ctx.info) if online else nullcontext(config)
+    with serving as run_config:
         job = pipeline_job(
             run_config,
             folder,

@@ -13,7 +13,7 @@ import pytest
 
 from eaglet.config import ReasoningConfig, load_config
 from eaglet.extract import QualityGateError, check_quality_gate
-from eaglet.preflight import PreflightReport, check_endpoints
+from eaglet.preflight import PreflightReport, check_endpoints, check_hidden_states_backend
 from tests.conftest import run_cli
 
 
@@ -126,9 +126,9 @@ def test_a_hidden_states_endpoint_that_is_not_vllm_is_refused_by_the_preflight(t
              "train.hidden_states=online", f"hidden_states.connector_path={tmp_path}"],
         )  # fmt: skip
         report = PreflightReport()
-        check_endpoints(config, report)
+        check_hidden_states_backend(config, report)
     [problem] = report.problems
-    assert problem.startswith("hidden_states.endpoints[0] (online training):"), problem
+    assert problem.startswith("hidden_states.vllm.endpoints[0] (online training):"), problem
     assert "is not vLLM" in problem and "extract_hidden_states" in problem
 
 

@@ -421,7 +421,7 @@ def connector_server(answer: dict):
 
 def vllm_backend(fixture_model_dir: Path, url: str, connector: Path):
     from eaglet.config import HiddenStatesConfig, TargetConfig
-    from eaglet.hidden_states.vllm_backend import VllmBackend
+    from eaglet.hidden_states.backends.vllm import VllmBackend
 
     settings = HiddenStatesConfig(backend="vllm", endpoints=[url], connector_path=str(connector))
     return VllmBackend(TargetConfig(model=str(fixture_model_dir)), settings)
@@ -494,7 +494,7 @@ def test_a_server_naming_a_model_file_in_the_connector_folder_never_gets_it_dele
     import shutil
 
     from eaglet.config import PipelineConfig
-    from eaglet.preflight import PreflightReport, check_endpoints
+    from eaglet.preflight import PreflightReport, check_hidden_states_backend
     from tests.fake_servers import serve
 
     connector = tmp_path / "model-copy"
@@ -518,8 +518,8 @@ def test_a_server_naming_a_model_file_in_the_connector_folder_never_gets_it_dele
         }
     )
     report = PreflightReport()
-    check_endpoints(config, report)
-    [problem] = [p for p in report.problems if p.startswith("hidden_states.connector_path")]
+    check_hidden_states_backend(config, report)
+    [problem] = [p for p in report.problems if p.startswith("hidden_states.vllm.connector_path")]
     assert "config.json" in problem and "holds files that are not the connector's" in problem
 
 

@@ -76,11 +76,15 @@ class DFlashMethod:
                 f"train.dflash.mask_token_id={mask} is not a token of the target's vocabulary "
                 f"(0..{target['vocab_size'] - 1})"
             )
-        if config.hidden_states.backend == "vllm" and config.train.hidden_states == "online":
-            found.append(
-                "train.method=dflash trains online from the hf backend only: set "
-                "hidden_states.backend=hf or train.hidden_states=offline"
-            )
+        if config.train.hidden_states == "online":
+            from eaglet.hidden_states.backends import hidden_states_backend
+
+            if hidden_states_backend(config.hidden_states.backend).served:
+                found.append(
+                    "train.method=dflash trains online from a backend in the training process "
+                    f"only, not from hidden_states.backend={config.hidden_states.backend}'s "
+                    "servers: set hidden_states.backend=hf or train.hidden_states=offline"
+                )
         return found
 
     # ---------------------------------------------------------------------------- training

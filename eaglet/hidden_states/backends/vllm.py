@@ -1,4 +1,5 @@
-"""The `vllm` backend: a vLLM server computes the target's states, eaglet writes the shards.
+"""The `vllm` backend: vLLM servers compute the target's states; eaglet writes the shards, or
+trains on them as they come (online training).
 
 The server runs with the `extract_hidden_states` speculative method and a hidden-states KV
 connector (`server_args` builds both flags): for every request it writes one safetensors file
@@ -9,12 +10,16 @@ connector's lock is released, and deletes it. vLLM's last-layer state is before 
 norm; eaglet applies the target's norm (only its weight is read from the safetensors, never
 the whole model) to get the post-norm state the shards hold.
 
-`VllmFeatureSource.batches(examples)` streams the same per-sample tensors (bounded: at most
-`2 * concurrency` samples in flight or waiting) for online training.
+`VllmBackend.features` streams its requests (at most `2 * concurrency` samples in flight or
+waiting), for the stage's shards and online training alike.
 
-`started_server` starts that server on this machine for a stage when `hidden_states.vllm_python`
-is set, and stops it when the stage is done; otherwise `hidden_states.endpoints` name servers
-someone else runs (a serving fleet, another node).
+`started_server` starts that server on this machine for a stage when
+`hidden_states.vllm.vllm_python` is set, and stops it when the stage is done; otherwise
+`hidden_states.vllm.endpoints` name servers someone else runs (a serving fleet, another node).
+The preflight checks those servers (`VllmServerBackend.preflight`).
+
+Its settings are the section `hidden_states.vllm` (`VllmSettings`); older configs wrote them in
+`hidden_states` itself, and `eaglet.config` still reads them there.
 """
 
 from __future__ import annotations
@@ -24,24 +29,88 @@ import json
 import os
 import shutil
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from itertools import cycle
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
+from pydantic import Field
 
 import eaglet
-from eaglet.config import HiddenStatesConfig, PipelineConfig, TargetConfig
-from eaglet.hidden_states.layers import resolve_aux_layer_ids
-from eaglet.records.examples import Example
-from eaglet.target import load_config, resolve_device, target_dtype
-from eaglet.vllm_process import free_port, vllm_server
+from eaglet.config_fields import CACHE_NEUTRAL, LOCAL_PATH, BaseUrl
+from eaglet.hidden_states.backends.base import BackendSettings, Sample
+from eaglet.hidden_states.layers import layer_ids_of, resolve_aux_layer_ids
+
+if TYPE_CHECKING:  # imported where used: a config loads this module (eaglet.config)
+    import torch
+
+    from eaglet.config import HiddenStatesConfig, PipelineConfig, TargetConfig
+
+
+class VllmSettings(BackendSettings):
+    """The vllm backend (hidden_states.backend: vllm): vLLM servers started with the
+    extract_hidden_states speculative method and a hidden-states KV connector (see the
+    README), or one eaglet starts itself (vllm_python). Older configs wrote these keys in
+    hidden_states itself; they are still read there."""
+
+    endpoints: list[BaseUrl] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8000"],
+        description="Base URLs of the vLLM servers that extract hidden states.",
+        json_schema_extra=CACHE_NEUTRAL,
+    )
+    connector_path: str | None = Field(
+        None,
+        description="The connector's shared_storage_path as eaglet sees it (the server writes "
+        "one safetensors file per request there); needed for a server eaglet does not start. "
+        "eaglet reads and deletes files only there.",
+        json_schema_extra=CACHE_NEUTRAL | LOCAL_PATH,
+    )
+    served_model: str = Field(
+        "tiny", description="The served model name.", json_schema_extra=CACHE_NEUTRAL
+    )
+    concurrency: int = Field(
+        8, ge=1, le=4096, description="Requests in flight.", json_schema_extra=CACHE_NEUTRAL
+    )
+    request_timeout_s: float = Field(
+        600.0,
+        gt=0.0,
+        le=86_400.0,
+        description="Seconds one request may take.",
+        json_schema_extra=CACHE_NEUTRAL,
+    )
+    vllm_python: str | None = Field(
+        None,
+        description="The python of a vLLM venv on this machine. Set, the hidden_states stage "
+        "(and online training) starts its own server for the target with "
+        "extract_hidden_states and the connector, uses it instead of endpoints, and stops it "
+        "when done (CPU: eaglet's connector; GPU: vLLM's stock one).",
+    )
+    vllm_args: list[str] = Field(
+        default_factory=list,
+        description="More flags for the server eaglet starts (e.g. --tensor-parallel-size 8, "
+        "--max-model-len 32768).",
+    )
+    startup_timeout_s: float = Field(
+        900.0,
+        gt=0.0,
+        le=86_400.0,
+        description="Seconds the server eaglet starts may take to be healthy.",
+        json_schema_extra=CACHE_NEUTRAL,
+    )
+
+    def problem_when_chosen(self) -> str | None:
+        # eaglet reads and deletes only files in the connector folder it knows: the one of
+        # the server it starts, or this one for a server someone else runs.
+        if not self.vllm_python and not self.connector_path:
+            return (
+                "hidden_states.backend=vllm with a server eaglet does not start (no "
+                "hidden_states.vllm.vllm_python) needs hidden_states.vllm.connector_path: the "
+                "connector's shared_storage_path as seen from this machine"
+            )
+        return None
+
 
 CPU_CONNECTOR = ("CpuHiddenStatesConnector", "eaglet.hidden_states.vllm_cpu_connector")
 STOCK_CONNECTOR = (
@@ -51,7 +120,7 @@ STOCK_CONNECTOR = (
 
 
 def server_layer_ids(aux_layer_ids: list[int], num_layers: int) -> list[int]:
-    """The ids the server extracts: the three aux ids, then the last layer's output."""
+    """The ids the server extracts: the aux ids, then the last layer's output."""
     return [*aux_layer_ids, num_layers]
 
 
@@ -88,15 +157,18 @@ def server_args(
 def started_server(
     config: PipelineConfig, folder: Path, report: Callable[[str], None] = print
 ) -> Iterator[PipelineConfig]:
-    """`config` unchanged, unless the vllm backend has `hidden_states.vllm_python`: then a
-    server for the target started here (log `folder/vllm_server.log`, connector files in
+    """`config` unchanged, unless it has `hidden_states.vllm.vllm_python`: then a server for
+    the target started here (log `folder/vllm_server.log`, connector files in
     `folder/connector`, removed afterwards), and `config` with `endpoints` naming it."""
-    settings, target = config.hidden_states, config.target
-    if settings.backend != "vllm" or not settings.vllm_python:
+    from eaglet.target import load_config, resolve_device, target_dtype
+    from eaglet.vllm_process import free_port, vllm_server
+
+    settings, target = config.hidden_states.vllm, config.target
+    if not settings.vllm_python:
         yield config
         return
     num_layers = load_config(target).num_hidden_layers
-    aux_layer_ids = resolve_aux_layer_ids(settings.aux_layer_ids, num_layers)
+    aux_layer_ids = layer_ids_of(config, num_layers)  # the layers the stage asks for
     connector = Path(folder) / "connector"
     connector.mkdir(parents=True, exist_ok=True)
     cpu = resolve_device(target.device) == "cpu"
@@ -120,13 +192,14 @@ def started_server(
     try:
         with vllm_server(
             command, log_path, settings.startup_timeout_s, env=env,
-            timeout_setting="hidden_states.startup_timeout_s",
+            timeout_setting="hidden_states.vllm.startup_timeout_s",
         ) as url:  # fmt: skip
             report(f"hidden states: vLLM server up at {url}")
             served = settings.model_copy(
                 update={"endpoints": [url], "connector_path": str(connector)}
             )
-            yield config.model_copy(update={"hidden_states": served})
+            hidden_states = config.hidden_states.model_copy(update={"vllm": served})
+            yield config.model_copy(update={"hidden_states": hidden_states})
     finally:
         shutil.rmtree(connector, ignore_errors=True)
 
@@ -155,6 +228,10 @@ class FinalNorm:
     """The target's final RMSNorm, from its weight alone (read out of the safetensors)."""
 
     def __init__(self, target: TargetConfig, weight_name: str = "model.norm.weight"):
+        from safetensors import safe_open
+
+        from eaglet.target import load_config
+
         cfg = load_config(target)
         folder = _model_folder(target)
         with safe_open(str(_weight_file(folder, weight_name)), framework="pt") as f:
@@ -162,6 +239,8 @@ class FinalNorm:
         self.eps = float(getattr(cfg, "rms_norm_eps", 1e-6))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        import torch
+
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x
@@ -170,6 +249,8 @@ class FinalNorm:
 def read_connector_file(path: str) -> dict[str, torch.Tensor]:
     """The connector's file, once its writer released the lock. Nothing is removed here:
     `remove_connector_file` does that once the content is proven to be this request's."""
+    from safetensors.torch import load_file
+
     lock = path + ".lock"
     if os.path.exists(lock):
         with open(lock) as handle:
@@ -231,32 +312,48 @@ def connector_folder_problem(folder: str) -> str | None:
 class VllmBackend:
     """Target features of examples from vLLM servers with the hidden-states connector."""
 
-    def __init__(self, target: TargetConfig, settings: HiddenStatesConfig):
+    def __init__(
+        self,
+        target: TargetConfig,
+        settings: HiddenStatesConfig,
+        aux_layer_ids: list[int] | None = None,
+    ):
+        import httpx
+
+        from eaglet.target import load_config
+
         cfg = load_config(target)
         self.num_layers = cfg.num_hidden_layers
         self.hidden_size = cfg.hidden_size
-        self.aux_layer_ids = resolve_aux_layer_ids(settings.aux_layer_ids, self.num_layers)
-        self.settings = settings
+        # given: resolved by the run's draft method (`layers.layer_ids_of`); None: EAGLE-3's
+        self.aux_layer_ids = (
+            resolve_aux_layer_ids(settings.aux_layer_ids, self.num_layers)
+            if aux_layer_ids is None
+            else list(aux_layer_ids)
+        )
+        self.settings = settings.vllm
         self.norm = FinalNorm(target)
-        self.client = httpx.Client(timeout=settings.request_timeout_s)
-        self._endpoints = cycle([e.rstrip("/") for e in settings.endpoints])
+        self.client = httpx.Client(timeout=self.settings.request_timeout_s)
+        self._endpoints = cycle([e.rstrip("/") for e in self.settings.endpoints])
 
     def _local_path(self, url: str, sample_id: str, server_path: Any) -> str:
         """The connector file a response names, inside the connector folder eaglet configured
-        (`hidden_states.connector_path`, or the folder of the server eaglet started): only its
-        file name is taken from the server, so no response can make eaglet read or delete a
-        file elsewhere; a name that is not a connector file is an error naming the server."""
+        (`hidden_states.vllm.connector_path`, or that of the server eaglet started): only
+        its file name is taken from the server, so no response can make eaglet read or delete
+        a file elsewhere; a name that is not a connector file is an error naming the server."""
         name = Path(server_path).name if isinstance(server_path, str) else ""
         if not name.endswith(".safetensors") or name != str(server_path).rsplit("/", 1)[-1]:
             raise RuntimeError(
                 f"sample {sample_id}: {url} named {server_path!r} as its hidden-states file; "
                 "a connector file is a .safetensors file: is this the server with eaglet's "
-                "connector (eaglet.hidden_states.vllm_backend.server_args)?"
+                "connector (eaglet.hidden_states.backends.vllm.server_args)?"
             )
         return str(Path(self.settings.connector_path) / name)
 
-    def one(self, example: Example) -> dict[str, torch.Tensor]:
-        """Features of one example: aux [T, 3H], final [T, H] (post-norm)."""
+    def one(self, example: Sample) -> dict[str, torch.Tensor]:
+        """Features of one example: aux [T, kH], final [T, H] (post-norm)."""
+        from safetensors import SafetensorError
+
         url = f"{next(self._endpoints)}/v1/completions"
         body = {
             "model": self.settings.served_model,
@@ -280,7 +377,7 @@ class VllmBackend:
         if not isinstance(params, dict) or "hidden_states_path" not in params:
             raise RuntimeError(
                 f"{url} returned no kv_transfer_params.hidden_states_path: start the server "
-                "with eaglet.hidden_states.vllm_backend.server_args (extract_hidden_states + "
+                "with eaglet.hidden_states.backends.vllm.server_args (extract_hidden_states + "
                 "connector)"
             )
         path = self._local_path(url, example.sample_id, params["hidden_states_path"])
@@ -289,7 +386,7 @@ class VllmBackend:
         except (OSError, SafetensorError) as exc:
             raise RuntimeError(
                 f"sample {example.sample_id}: the hidden-states file {url} named ({path}) could "
-                f"not be read: {exc}. Is hidden_states.connector_path the connector's "
+                f"not be read: {exc}. Is hidden_states.vllm.connector_path the connector's "
                 "shared_storage_path as seen from this machine?"
             ) from None
         problem = connector_file_problem(data, example.input_ids)
@@ -299,21 +396,22 @@ class VllmBackend:
                 "hidden-states connector's answer to this request; left in place"
             )
         remove_connector_file(path)
-        states = data["hidden_states"]  # [T, L, H]
-        if states.shape[1] != 4:
+        states = data["hidden_states"]  # [T, L, H]: the k aux layers, then the last one
+        k = len(self.aux_layer_ids)
+        if states.shape[1] != k + 1:
             raise RuntimeError(
                 f"sample {example.sample_id}: the connector file holds {states.shape[1]} layers "
-                f"for {states.shape[0]} tokens; expected 4 layers "
+                f"for {states.shape[0]} tokens; expected {k + 1} layers "
                 f"{server_layer_ids(self.aux_layer_ids, self.num_layers)}. Start the server "
                 "with those layer ids."
             )
         T = states.shape[0]
         return {
-            "aux_hidden_states": states[:, :3].float().reshape(T, 3 * self.hidden_size),
-            "final_hidden_states": self.norm(states[:, 3]),
+            "aux_hidden_states": states[:, :k].float().reshape(T, k * self.hidden_size),
+            "final_hidden_states": self.norm(states[:, k]),
         }
 
-    def stream(self, examples: Iterable[Example]) -> Iterator[tuple[Example, dict]]:
+    def stream(self, examples: Iterable[Sample]) -> Iterator[tuple[Sample, dict]]:
         """(example, features) in input order, with at most `2 * concurrency` pending."""
         window = 2 * self.settings.concurrency
         with ThreadPoolExecutor(max_workers=self.settings.concurrency) as pool:
@@ -328,7 +426,7 @@ class VllmBackend:
                 yield example, future.result()
 
     def features(
-        self, examples: list[Example], on_tokens: Callable[[int], None] | None = None
+        self, examples: Sequence[Sample], on_tokens: Callable[[int], None] | None = None
     ) -> list[dict[str, torch.Tensor]]:
         """Features of every example, in order; `on_tokens(n)` after each example's n tokens."""
         out = []
@@ -342,22 +440,70 @@ class VllmBackend:
         self.client.close()
 
 
-class VllmFeatureSource:
-    """Online features for training: per-sample tensors as the shards hold them (after
-    `read_window`): input_ids long [T], loss_mask bool [T], aux_hidden_states float32 [T, 3H],
-    final_hidden_states float32 [T, H], plus sample_id."""
+HIDDEN_STATES_NEED = "hidden states come from vLLM's extract_hidden_states connector"
+HIDDEN_STATES_INSTEAD = (
+    "point it at a vLLM server started with eaglet's server_args, or set "
+    "hidden_states.vllm.vllm_python so that eaglet starts one"
+)
 
-    def __init__(self, target: TargetConfig, settings: HiddenStatesConfig):
-        self.backend = VllmBackend(target, settings)
 
-    def batches(self, examples: Iterable[Example]) -> Iterator[dict]:
-        for example, features in self.backend.stream(examples):
-            yield {
-                "sample_id": example.sample_id,
-                "input_ids": torch.tensor(example.input_ids, dtype=torch.long),
-                "loss_mask": torch.tensor(example.loss_mask, dtype=torch.bool),
-                **features,
-            }
+class VllmServerBackend:
+    """`hidden_states.backend: vllm`: the servers of `hidden_states.vllm.endpoints`, or the one
+    `started_server` starts for a stage (`hidden_states.vllm.vllm_python`)."""
 
-    def close(self) -> None:
-        self.backend.close()
+    name = "vllm"
+    settings = VllmSettings
+    served = True  # online training fetches the next micro-batches ahead (train.online_prefetch)
+
+    def open(
+        self, target: TargetConfig, settings: HiddenStatesConfig, aux_layer_ids: list[int]
+    ) -> VllmBackend:
+        return VllmBackend(target, settings, aux_layer_ids)
+
+    def serving(self, config: PipelineConfig, folder: Path, report: Callable[[str], None]):
+        return started_server(config, folder, report)
+
+    def preflight(self, config: PipelineConfig, report: Any) -> None:
+        """The servers, checked now rather than hours into the run: the python eaglet starts
+        one with is an executable (and its server on 127.0.0.1 is not one that the workers of
+        a Dask cluster elsewhere must reach); or the servers someone else runs answer as vLLM
+        does, and their connector folder holds only connector files."""
+        from eaglet.preflight import not_vllm_problem, vllm_endpoint_problem
+
+        settings = config.hidden_states.vllm
+        python = settings.vllm_python
+        if python:
+            if Path(python).is_file() and os.access(python, os.X_OK):
+                report.passed.append(f"hidden_states.vllm.vllm_python {python}: executable")
+            else:
+                report.problems.append(
+                    f"hidden_states.vllm.vllm_python: {python} is not an executable file: give "
+                    "the python of a venv with vLLM installed (e.g. .vllm-venv/bin/python)"
+                )
+            execution = config.execution
+            mapped = execution.task_runner == "dask" and config.train.hidden_states != "online"
+            if mapped and execution.dask_address:
+                report.problems.append(
+                    "hidden_states.vllm.vllm_python starts a vLLM server on 127.0.0.1, which the "
+                    f"workers of the Dask cluster at {execution.dask_address} cannot reach: "
+                    "start servers they can reach and list them in "
+                    "hidden_states.vllm.endpoints"
+                )
+            return
+        if settings.connector_path:
+            problem = connector_folder_problem(settings.connector_path)
+            if problem:
+                report.problems.append(f"hidden_states.vllm.connector_path: {problem}")
+        online = " (online training)" if config.train.hidden_states == "online" else ""
+        for i, url in enumerate(settings.endpoints):
+            setting = f"hidden_states.vllm.endpoints[{i}]{online}"
+            problem = vllm_endpoint_problem(setting, url) or not_vllm_problem(
+                setting, url, HIDDEN_STATES_NEED, HIDDEN_STATES_INSTEAD
+            )
+            if problem:
+                report.problems.append(problem)
+            else:
+                report.passed.append(f"{setting} {url}: a vLLM server answers")
+
+
+BACKEND = VllmServerBackend()
