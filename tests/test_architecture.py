@@ -555,3 +555,137 @@ def figures(stage):
     return f"{stage} train"
 '''
     assert stage_names_in(source, {"train", "evaluate"}) == [(6, "train"), (7, "evaluate")]
+
+
+TOY_BACKEND = '''"""A toy hidden-state backend: the hf backend's features, its own section."""
+from pydantic import Field
+
+from eaglet.hidden_states.backends.base import BackendSettings
+from eaglet.hidden_states.backends.hf import InProcessBackend
+
+OPENED = []  # the toy's `scale` each time a source was opened
+
+
+class ToySettings(BackendSettings):
+    """The toy backend."""
+
+    scale: float = Field(1.0, description="Recorded when a source is opened.")
+
+
+class ToyBackend(InProcessBackend):
+    name = "toy"
+    settings = ToySettings
+
+    def open(self, target, settings, aux_layer_ids):
+        OPENED.append(settings.toy.scale)
+        return super().open(target, settings, aux_layer_ids)
+
+    def preflight(self, config, report):
+        report.passed.append(f"hidden_states.toy.scale {config.hidden_states.toy.scale}: fine")
+
+
+BACKEND = ToyBackend()
+'''
+
+ADD_A_BACKEND = r"""
+import json, sys
+from pathlib import Path
+from eaglet.cache import stage_config, stage_modules
+from eaglet.config import PipelineConfig, load_config
+from eaglet.draft.online import OnlineData
+from eaglet.hidden_states.backends import BACKENDS
+from eaglet.hidden_states.backends import toy
+from eaglet.hidden_states.stage import stage_body, target_shape
+from eaglet.preflight import PreflightReport, check_hidden_states_backend
+from eaglet.records.examples import Example
+
+model, work = sys.argv[1], Path(sys.argv[2])
+config = load_config(None, [f"target.model={model}", f"work_dir={work}",
+                            "hidden_states.backend=toy", "hidden_states.toy.scale=2"])
+default = load_config(None, [f"target.model={model}", f"work_dir={work}"])
+assert "eaglet.hidden_states.backends.toy" in stage_modules("hidden_states", config)
+assert "eaglet.hidden_states.backends.toy" not in stage_modules("hidden_states", default)
+assert "ToySettings" in json.dumps(PipelineConfig.model_json_schema())  # the form's section
+report = PreflightReport()
+check_hidden_states_backend(config, report)
+assert report.passed == ["hidden_states.toy.scale 2.0: fine"], report.passed
+
+examples = work / "examples.jsonl"
+examples.parent.mkdir(parents=True, exist_ok=True)
+examples.write_text("".join(
+    Example(sample_id=f"s{i}", source="t", reasoning="", content="",
+            input_ids=list(range(1, 9 + i)), loss_mask=[1] * (8 + i),
+            finish_reason="stop").model_dump_json() + "\n"
+    for i in range(3)
+))
+folder = work / "hidden_states"
+folder.mkdir()
+output = stage_body(config, examples, report=lambda line: None)(folder)
+assert output.info["backend"] == "toy" and output.counts["records"] == 3, output
+assert toy.OPENED == [2.0], toy.OPENED  # the stage's shards came from the toy's source
+online = OnlineData(examples, config.target, target_shape(config)[2],
+                    hidden_states=config.hidden_states)
+assert online.features([0])[0]["aux_hidden_states"].shape[0] == 8
+assert toy.OPENED == [2.0, 2.0], toy.OPENED  # and online training's
+print(json.dumps({"backends": sorted(BACKENDS),
+                  "default_key_config": stage_config("hidden_states", default),
+                  "toy_key_config": stage_config("hidden_states", config)}, default=str))
+"""
+
+
+def test_adding_a_hidden_state_backend_is_its_module_and_one_registry_line(
+    tmp_path, fixture_model_dir
+):
+    """In a copy of the project: a module for a new backend and one line in the registry make
+    it a `hidden_states.backend` choice with its own config section (in the form's schema
+    too), the backend the hidden_states stage and online training open, the preflight's check,
+    and a key of the stage's code; the stage keys of a run of another backend stay as they
+    were."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from eaglet.cache import stage_config
+    from eaglet.config import load_config
+
+    shutil.copytree(
+        ROOT / "eaglet", tmp_path / "eaglet", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    backends = tmp_path / "eaglet" / "hidden_states" / "backends"
+    (backends / "toy.py").write_text(TOY_BACKEND)
+    registry = backends / "__init__.py"
+    text = registry.read_text()
+    line = '    "vllm": "eaglet.hidden_states.backends.vllm",\n'
+    assert line in text
+    toy_line = '    "toy": "eaglet.hidden_states.backends.toy",\n'
+    registry.write_text(text.replace(line, line + toy_line))
+    work = tmp_path / "work"
+    result = subprocess.run(
+        [sys.executable, "-c", ADD_A_BACKEND, str(fixture_model_dir), str(work)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["backends"] == ["hf", "toy", "vllm"]
+    here = load_config(None, [f"target.model={fixture_model_dir}", f"work_dir={work}"])
+    assert found["default_key_config"] == json.loads(
+        json.dumps(stage_config("hidden_states", here), default=str)
+    )
+    assert found["toy_key_config"]["hidden_states"]["toy"] == {"scale": 2.0}
+
+
+def test_loading_a_config_imports_no_backends_heavy_dependencies():
+    """Every backend's module is imported with the config (its section is a field): it keeps
+    torch, httpx and the target's code inside the functions that use them, so `eaglet
+    inspect`, the CLI and the flow form load a config in a fraction of a second."""
+    import subprocess
+    import sys
+
+    probe = "import sys, eaglet.config; print(sorted({'torch', 'httpx'} & set(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"

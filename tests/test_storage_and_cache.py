@@ -298,3 +298,66 @@ def test_a_folder_without_its_manifest_is_never_rebuilt_silently(tmp_path):
         assert seen[-1] == expected_files
         assert len(warnings) == 1 and said in warnings[0] and "manifest.json" in warnings[0]
         assert read_manifest(work / "demo" / "k1") is not None
+
+
+# These values pin key stability across the restructuring of issue 35 (each hidden-state
+# backend's settings moved into a section of its own, hidden_states.hf and hidden_states.vllm):
+# they are the keys the code before it computed for these configs, written in the older flat
+# spelling, with the code hash, the target's fingerprint and what dtype `auto` picks held
+# fixed, so they depend on the configuration alone. A code change re-keys its stages by
+# design (`code_hash`); where a setting is declared must not.
+KEY_CONFIGS = {
+    "demo": [],
+    "hf_device_map": ["hidden_states.device_map=auto", "hidden_states.batch_size=4"],
+    "vllm_external": [
+        "hidden_states.backend=vllm", "hidden_states.endpoints=[http://10.0.0.1:8000]",
+        "hidden_states.connector_path=/shared/connector", "hidden_states.served_model=big",
+        "hidden_states.concurrency=32", "hidden_states.request_timeout_s=30",
+        "hidden_states.vllm_args=[--max-model-len, '4096']",
+    ],
+    "vllm_started": [
+        "hidden_states.backend=vllm", "hidden_states.vllm_python=/opt/vllm/bin/python",
+        "hidden_states.vllm_args=[--enforce-eager]", "hidden_states.startup_timeout_s=60",
+    ],
+    "vllm_online": [
+        "hidden_states.backend=vllm", "hidden_states.vllm_python=/opt/vllm/bin/python",
+        "train.hidden_states=online",
+    ],
+}  # fmt: skip
+PINNED_KEYS = {
+    "demo:hidden_states": "1b560e4c57781b97decd",
+    "demo:train": "9df5bb04686e73c0d402",
+    "hf_device_map:hidden_states": "1b560e4c57781b97decd",
+    "hf_device_map:train": "9df5bb04686e73c0d402",
+    "vllm_external:hidden_states": "e0cd3b10be6d38277a02",
+    "vllm_external:train": "9df5bb04686e73c0d402",
+    "vllm_started:hidden_states": "7843441bd63de5850805",
+    "vllm_started:train": "9df5bb04686e73c0d402",
+    "vllm_online:hidden_states": "3574686450527aac93b4",
+    "vllm_online:train": "65eaee7d43b79e24d271",
+}
+
+
+def test_stage_keys_stay_what_they_were_before_the_backend_sections(monkeypatch, fixture_model_dir):
+    """The demo's config and the vllm backend's (written the old flat way, and the new way)
+    key hidden_states and train as they did before the settings moved into sections."""
+    monkeypatch.setattr(cache, "code_hash", lambda stage, config=None: "code")
+    monkeypatch.setattr(cache, "model_fingerprint", lambda *args, **kwargs: "model")
+    monkeypatch.setattr("eaglet.target.target_dtype", lambda target: "float32")
+    base = [f"target.model={fixture_model_dir}", "work_dir=/tmp/w"]
+
+    def keys(overrides: list[str]) -> dict[str, str]:
+        config = load_config(None, base + overrides)
+        return {stage: cache.stage_key(stage, config, []) for stage in ("hidden_states", "train")}
+
+    for name, overrides in KEY_CONFIGS.items():
+        for stage, key in keys(overrides).items():
+            assert key == PINNED_KEYS[f"{name}:{stage}"], (name, stage)
+    sections = [  # vllm_started in the sections' spelling
+        "hidden_states.backend=vllm", "hidden_states.vllm.vllm_python=/opt/vllm/bin/python",
+        "hidden_states.vllm.vllm_args=[--enforce-eager]",
+        "hidden_states.vllm.startup_timeout_s=60",
+    ]  # fmt: skip
+    assert keys(sections) == {
+        s: PINNED_KEYS[f"vllm_started:{s}"] for s in ("hidden_states", "train")
+    }
