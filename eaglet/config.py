@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
+    ConfigDict,
     Field,
     ValidationError,
     create_model,
@@ -34,6 +35,8 @@ class ConfigError(PermanentError, ValueError):
 
 
 class DatasetSpec(Strict):
+    model_config = ConfigDict(title="Dataset")  # the UI form's heading
+
     source: str = Field(
         description="Tag carried into every record (e.g. 'arith', 'glaive'): letters, digits, "
         "'.', '_' and '-', not starting with '.' (it may name files, so never a path).",
@@ -51,6 +54,8 @@ class DatasetSpec(Strict):
 
 
 class TargetConfig(Strict):
+    model_config = ConfigDict(title="Target model")  # the UI form's heading
+
     model: str = Field(
         "runs/demo/models/fixture", description="Target model: a local folder or a hub model id."
     )
@@ -73,6 +78,8 @@ class TargetConfig(Strict):
 
 
 class TokenizeConfig(Strict):
+    model_config = ConfigDict(title="Tokenize (chat template)")  # the UI form's heading
+
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra keyword arguments for apply_chat_template (e.g. enable_thinking).",
@@ -93,6 +100,8 @@ class SamplingChoice(Strict):
     """One entry of generation.sampling_plan: the sampling a share of the rows is generated
     with."""
 
+    model_config = ConfigDict(title="Sampling choice")  # the UI form's heading
+
     temperature: float = Field(0.6, ge=0.0, le=10.0, description="0 = greedy decoding.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     reasoning_effort: Literal["", "low", "medium", "high"] = Field(
@@ -107,6 +116,8 @@ class SamplingChoice(Strict):
 
 
 class GenerationConfig(Strict):
+    model_config = ConfigDict(title="Generation")  # the UI form's heading
+
     engine: Literal["local", "vllm", "sglang", "openai"] = Field(
         "local", description="local = transformers in-process; the others are HTTP servers."
     )
@@ -253,6 +264,8 @@ class GenerationConfig(Strict):
 
 
 class ReasoningConfig(Strict):
+    model_config = ConfigDict(title="Reasoning split")  # the UI form's heading
+
     format: Literal["auto", "think_open_in_prompt", "think_in_output", "harmony", "none"] = Field(
         "auto",
         description="How the target marks its reasoning. auto = detect from the tokenizer and "
@@ -314,6 +327,8 @@ FLAT_BACKEND_KEYS: dict[str, str] = {
 class _HiddenStatesSettings(Strict):
     """`hidden_states` but the backends' sections, which `HiddenStatesConfig` adds, one per
     backend of the registry (`eaglet.hidden_states.backends`)."""
+
+    model_config = ConfigDict(title="Hidden states")  # the UI form's heading
 
     aux_layer_ids: list[int] | None = Field(
         None,
@@ -409,6 +424,8 @@ HiddenStatesConfig = create_model(
 
 
 class DFlashSettings(Strict):
+    model_config = ConfigDict(title="DFlash draft")  # the UI form's heading
+
     block_size: int = Field(
         5,
         ge=2,
@@ -436,6 +453,8 @@ class DFlashSettings(Strict):
 
 
 class TrainConfig(Strict):
+    model_config = ConfigDict(title="Draft training")  # the UI form's heading
+
     method: MethodName = Field(
         "eagle3",
         description="The draft method: eagle3 (a chain of k one-token steps, training-time "
@@ -667,6 +686,8 @@ class TrainConfig(Strict):
 
 
 class EvalSet(Strict):
+    model_config = ConfigDict(title="Evaluation set")  # the UI form's heading
+
     name: Literal["mt-bench", "gsm8k", "math-500", "humaneval", "speed-bench", "custom"] = Field(
         description="The set's format: mt-bench (question_id, category, turns: the second turn "
         "asked after the target's own first answer), gsm8k (question), math-500 (problem), "
@@ -687,6 +708,8 @@ DEMO_EVAL_SETS = [  # the demo's evaluation sets, beside its datasets (eaglet.fi
 
 
 class EvaluateConfig(Strict):
+    model_config = ConfigDict(title="Evaluation")  # the UI form's heading
+
     sets: list[EvalSet] = Field(
         default_factory=list,
         description="Named evaluation sets measured beside the held-out prompts: τ, emitted τ "
@@ -769,6 +792,8 @@ class EvaluateConfig(Strict):
 
 
 class ExecutionConfig(Strict):
+    model_config = ConfigDict(title="Execution")  # the UI form's heading
+
     task_runner: Literal["default", "dask"] = Field(
         "default",
         description="How the hidden_states stage's shard tasks run: default = one after "
@@ -786,6 +811,8 @@ class ExecutionConfig(Strict):
 
 class PipelineConfig(Strict):
     """Everything one eaglet run needs. Each stage reads only its own sub-model."""
+
+    model_config = ConfigDict(title="eaglet config")  # the UI form's heading
 
     name: str = Field("demo", description="Run name, shown in Prefect and in reports.")
     work_dir: str = Field("runs/demo", description="Folder for every stage's outputs.")

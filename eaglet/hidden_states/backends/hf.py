@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from eaglet.config_fields import CACHE_NEUTRAL
 from eaglet.hidden_states.backends.base import BackendSettings, Sample
@@ -30,6 +30,10 @@ class HFSettings(BackendSettings):
     """The hf backend (hidden_states.backend: hf): the target in this process, on
     target.device in target.dtype. Older configs wrote device_map in hidden_states itself;
     it is still read there."""
+
+    model_config = ConfigDict(
+        title="hf backend (in-process transformers)"
+    )  # the UI form's section heading
 
     device_map: Literal["auto"] | None = Field(
         None,

@@ -36,7 +36,7 @@ from itertools import cycle
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 import eaglet
 from eaglet.config_fields import CACHE_NEUTRAL, LOCAL_PATH, BaseUrl
@@ -54,6 +54,8 @@ class VllmSettings(BackendSettings):
     extract_hidden_states speculative method and a hidden-states KV connector (see the
     README), or one eaglet starts itself (vllm_python). Older configs wrote these keys in
     hidden_states itself; they are still read there."""
+
+    model_config = ConfigDict(title="vllm backend (a vLLM server)")  # the UI form's heading
 
     endpoints: list[BaseUrl] = Field(
         default_factory=lambda: ["http://127.0.0.1:8000"],
