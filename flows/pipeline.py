@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prefect import Task, flow
 from prefect.artifacts import create_markdown_artifact
-from prefect.runtime import flow_run
+from prefect.runtime import deployment, flow_run
 from prefect.states import Completed, State
 
 from eaglet import shutdown, work_dir_lock
@@ -121,7 +121,7 @@ def pipeline(
             config = load_config(config_path)
     if plan_only:
         return publish_plan(config, until, refresh_from or None)
-    started_from = "full form" if flow_run.deployment_id else "shell"  # `eaglet run`: a shell
+    started_from = "full form" if deployment.id else "shell"  # `eaglet run`: a shell
     return run_stages(
         config, config_path or None, until, refresh_from or None, retry_failed, started_from
     )
