@@ -8,7 +8,9 @@ says that Retry would fail the same way.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel
 
 from eaglet.config import PipelineConfig
 from eaglet.short_form import SHORT_FORM_FIELDS
@@ -26,6 +28,35 @@ def config_keys_named(text: str) -> list[str]:
     return list(dict.fromkeys(KEY.findall(text)))
 
 
+def form_path(key: str) -> str:
+    """Where the full form shows a config key: `config → Generation → Max Tokens` (a section by
+    its title, a field as Prefect titles it)."""
+    labels, model = ["config"], PipelineConfig
+    for part in key.split("."):
+        field = model.model_fields.get(part) if model is not None else None
+        if field is None:
+            labels.append(part.replace("_", " ").title())
+            model = None
+            continue
+        inner = _model_in(field.annotation)
+        # a section by its title; a list of them (datasets) by its own name
+        title = inner.model_config.get("title") if inner is field.annotation else None
+        labels.append(title or field.title or part.replace("_", " ").title())
+        model = inner
+    return " → ".join(labels)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field holds (itself, or inside a list or an optional)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
 def field_for(key: str, started_from: StartedFrom) -> str:
     """How a config key is reached where the run was started."""
     plain = re.sub(r"\[\d+\]", "", key)
@@ -38,7 +69,7 @@ def field_for(key: str, started_from: StartedFrom) -> str:
             "`config_path` names, or run the `pipeline` deployment, whose form has every setting)"
         )
     if started_from == "full form":
-        return f"`{key}` (Config → {' → '.join(plain.split('.'))})"
+        return f"`{key}` ({form_path(plain)})"
     return f"`{key}` in the config file (or `--set {plain}=...`)"
 
 

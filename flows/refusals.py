@@ -22,9 +22,9 @@ from eaglet.work_dir_lock import WorkDirLocked, WorkDirUnwritable
 REFUSALS = (ConfigError, PreflightError, WorkDirLocked, WorkDirUnwritable)
 
 CHANGE_A_FIELD = (
-    "Change the setting it names in the form (in the full form, `train.device` is Config → "
-    "train → device; the short form's fields carry their own names) and start a new run: "
-    "Retry sends the same parameters and is refused again."
+    "Change the setting it names in the form (in the full form, `train.device` is config → "
+    "Draft training → Device; the short form's fields carry their own names) and start a new "
+    "run: Retry sends the same parameters and is refused again."
 )
 WHAT_TO_DO = {
     "ConfigError": CHANGE_A_FIELD,

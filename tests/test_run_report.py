@@ -317,7 +317,7 @@ def test_a_deterministic_failure_says_retry_fails_the_same_way_and_which_setting
     assert "**Change** `generation.max_tokens` (not a field of the short form" in short
     assert "Retry would send the same parameters and fail the same way" in short
     full = _advice("generate", error, "full form", retry_can_succeed=False)
-    assert "**Change** `generation.max_tokens` (Config → generation → max_tokens)" in full
+    assert "**Change** `generation.max_tokens` (config → Generation → Max Tokens)" in full
     shell = _advice("generate", error, "shell", retry_can_succeed=False)
     assert "`--set generation.max_tokens=...`" in shell
     assert "run `eaglet run /w/config.yaml` again" in shell
