@@ -6,9 +6,9 @@
 - Config keys: every key a page or README.md names in backticks (`generation.max_tokens`,
   `train.hidden_states: online`, `train.dflash.{block_size, anchors}`) whose first part is a
   PipelineConfig section, and every key of a YAML block that is a config, must exist in
-  PipelineConfig. Keys under `hidden_states.` are checked leniently: its fields are moving
-  into per-backend sub-sections with the flat spelling still accepted, so a flat key passes
-  when a field of that name exists anywhere under `hidden_states`.
+  PipelineConfig. The older flat spelling of a hidden-state backend's keys
+  (`hidden_states.endpoints` for `hidden_states.vllm.endpoints`: `eaglet.config.
+  FLAT_BACKEND_KEYS`), which a config still loads, passes too.
 - Links: benchmarks/README.md and tests/reliability/README.md are pages of the site too. A
   link written for GitHub (relative to the file in the repository) is rewritten to the site's
   page; one to another repository file becomes its path in code; one to nothing fails. README's
@@ -42,7 +42,6 @@ FILE_SUFFIXES = {
     "py", "json", "jsonl", "yaml", "yml", "md", "png", "svg", "txt", "log", "toml", "safetensors",
     "parquet", "lock", "partial",
 }  # fmt: skip
-LENIENT_SECTIONS = {"hidden_states"}
 
 _state: dict[str, Any] = {}
 
@@ -61,6 +60,13 @@ def _pipeline_config() -> type:
     from eaglet.config import PipelineConfig
 
     return PipelineConfig
+
+
+def _flat_backend_keys() -> set[str]:
+    """The keys older configs wrote in `hidden_states` itself, still read into a section."""
+    import eaglet.config
+
+    return set(getattr(eaglet.config, "FLAT_BACKEND_KEYS", {}))
 
 
 def _is_model(annotation: Any) -> bool:
@@ -112,26 +118,13 @@ def _resolves(annotation: Any, parts: list[str]) -> bool:
     return False
 
 
-def _names_anywhere(annotation: Any) -> set[str]:
-    """Every key at any depth under a model type."""
-    found: set[str] = set()
-    for alt in _unwrap(annotation):
-        for arg in [alt, *typing.get_args(alt)]:
-            if _is_model(arg):
-                for name, field in _field_names(arg).items():
-                    found.add(name)
-                    found |= _names_anywhere(field.annotation)
-    return found
-
-
 def _key_exists(parts: list[str]) -> bool:
-    config = _state["config"]
-    if _resolves(config, parts):
-        return True
-    if parts[0] in LENIENT_SECTIONS and len(parts) > 1:
-        field = config.model_fields[parts[0]]
-        return parts[1] in _names_anywhere(field.annotation)
-    return False
+    return _resolves(_state["config"], parts) or _flat_backend_key(parts)
+
+
+def _flat_backend_key(parts: list[str]) -> bool:
+    """`hidden_states.<key>` in the older flat spelling of a backend's key."""
+    return len(parts) == 2 and parts[0] == "hidden_states" and parts[1] in _state["flat_keys"]
 
 
 def _sections() -> set[str]:
@@ -195,9 +188,7 @@ def _check_yaml_blocks(text: str, where: str) -> None:
         if not isinstance(data, dict) or not set(data) & set(config.model_fields):
             continue  # not a config file
         for parts in _yaml_paths(data, []):
-            if not _resolves(config, parts) and not (
-                parts[0] in LENIENT_SECTIONS and _key_exists(parts[:2])
-            ):
+            if not _resolves(config, parts) and not _flat_backend_key(parts[:2]):
                 _problem(f"{where}: YAML key {'.'.join(parts)} is not a key of PipelineConfig")
 
 
@@ -398,6 +389,7 @@ def on_config(config: Any) -> Any:
     _state["problems"] = []
     _state["anchors"] = {}
     _state["config"] = _pipeline_config()
+    _state["flat_keys"] = _flat_backend_keys()
     _state["sections"] = _sections()
     return config
 
