@@ -29,18 +29,25 @@ import ast
 import hashlib
 import os
 import subprocess
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from eaglet.config import FLAT_BACKEND_KEYS, PipelineConfig
+from eaglet.config import (
+    FLAT_BACKEND_KEYS,
+    EvaluateConfig,
+    HiddenStatesConfig,
+    PipelineConfig,
+    TrainConfig,
+)
 from eaglet.config_fields import is_cache_neutral
 from eaglet.draft.methods import METHODS
 from eaglet.engines.registry import engine_spec
 from eaglet.hidden_states.backends import BACKENDS
-from eaglet.stages import LAYER_IDS, STAGE
+from eaglet.stages import LAYER_IDS, STAGE, PlugIn
 from eaglet.storage import Manifest, canonical_json, sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +74,6 @@ NOT_OUTPUT = frozenset(
 # fingerprinted by size plus their first and last MiB: hashing 100 GB of shards on every run
 # would cost minutes, and a re-exported checkpoint changes its header bytes anyway.
 _FULL_HASH_LIMIT = 256 << 20
-METHOD_STAGES = ("train", "evaluate")  # their code holds the draft method's module
 WORK_DIR_MARKER = ".eaglet.lock"  # eaglet.work_dir_lock.LOCK_FILE: every work dir a run used
 
 
@@ -160,22 +166,42 @@ def import_closure(
     return tuple(sorted(seen))
 
 
+def _engine_module(config: PipelineConfig | None) -> str | None:
+    """The configured engine's module; none without a config (`pipeline_code_version`)."""
+    return engine_spec(config.generation.engine).module if config is not None else None
+
+
+def _backend_module(config: PipelineConfig | None) -> str:
+    """The chosen hidden-state backend's module: what computes the features."""
+    return BACKENDS[config.hidden_states.backend if config is not None else "hf"]
+
+
+def _method_module(config: PipelineConfig | None) -> str:
+    """The chosen draft method's module (its layers, network, files)."""
+    return METHODS[config.train.method if config is not None else "eagle3"]
+
+
+# A registry a stage plugs into (`Stage.plug_ins`) -> the module of the entry a config chooses.
+PLUG_IN_MODULE: dict[PlugIn, Callable[[PipelineConfig | None], str | None]] = {
+    "engine": _engine_module,
+    "backend": _backend_module,
+    "method": _method_module,
+}
+
+
 def stage_modules(stage: str, config: PipelineConfig | None = None) -> tuple[str, ...]:
     """The modules whose source decides a stage's output: the import closure of its body's
-    module (`eaglet.stages`) and of its task module `tasks/<stage>.py`, and for generate that
-    of the configured engine."""
-    roots = (STAGE[stage].body.partition(":")[0], f"eaglet_prefect.tasks.{stage}")
+    module (`eaglet.stages`), of its task module `tasks/<stage>.py` and of the entries it
+    plugs in (`Stage.plug_ins`: the configured engine, backend, draft method)."""
+    spec = STAGE[stage]
+    roots = (spec.body.partition(":")[0], f"eaglet_prefect.tasks.{stage}")
+    for kind in spec.code_plug_ins(config):
+        module = PLUG_IN_MODULE[kind](config)
+        roots += (module,) if module is not None else ()
     skip: frozenset[str] = frozenset()
-    if stage == "generate" and config is not None:
-        roots += (engine_spec(config.generation.engine).module,)
-    if stage in METHOD_STAGES:  # the chosen draft method's module (its layers, net, files)
-        roots += (METHODS[config.train.method if config is not None else "eagle3"],)
-    online = config is not None and config.train.hidden_states == "online"
-    if stage == "hidden_states" or (stage == "train" and online):  # what computes the features
-        roots += (BACKENDS[config.hidden_states.backend if config is not None else "hf"],)
-    if stage == "generate" and (config is None or config.tokenize.regenerate != "all"):
-        # Turn-by-turn regeneration (and through it the reasoning split) decides generate's
-        # output only with regenerate=all: a fix to extraction must not re-run generation.
+    if spec.regenerates_turns and (config is None or config.tokenize.regenerate != "all"):
+        # Turn-by-turn regeneration (and through it the reasoning split) decides the output
+        # only with regenerate=all: a fix to extraction must not re-run generation.
         skip = frozenset({"eaglet.turns"})
     return import_closure(roots, skip=skip)
 
@@ -290,27 +316,28 @@ def keyed_value(config: PipelineConfig, path: str) -> Any:
         from eaglet.target import load_config
 
         return layer_ids_of(config, load_config(config.target).num_hidden_layers)
-    if path == "evaluate":  # its sets by content, as datasets are
-        value = keyed_fields(config.evaluate)
-        value["sets"] = [
-            {**s.model_dump(exclude={"path"}), "content": file_fingerprint(s.path)}
-            for s in config.evaluate.sets
-        ]
-        return value
-    if path == "hidden_states":  # its backends' sections as they were keyed before them
-        return hidden_states_keyed(config.hidden_states)
     if path == "target.dtype":  # what `auto` picks on this machine
         from eaglet.target import target_dtype
 
         return target_dtype(config.target)
-    if path == "train" and config.train.init_from:  # the draft it starts from, by content
-        return {
-            **keyed_fields(config.train),
-            "init_from": model_fingerprint(config.train.init_from, work_dir=config.work_dir),
-        }
     value: Any = config
     for name in path.split("."):
         value = getattr(value, name)
+    if isinstance(value, EvaluateConfig):  # its sets by content, as datasets are
+        return {
+            **keyed_fields(value),
+            "sets": [
+                {**s.model_dump(exclude={"path"}), "content": file_fingerprint(s.path)}
+                for s in value.sets
+            ],
+        }
+    if isinstance(value, HiddenStatesConfig):  # its backends' sections as before them
+        return hidden_states_keyed(value)
+    if isinstance(value, TrainConfig) and value.init_from:  # the draft it starts from
+        return {
+            **keyed_fields(value),
+            "init_from": model_fingerprint(value.init_from, work_dir=config.work_dir),
+        }
     return keyed_fields(value) if isinstance(value, BaseModel) else value
 
 

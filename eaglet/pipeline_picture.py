@@ -20,9 +20,11 @@ from eaglet.stages import PRODUCER, STAGE_LIST, STAGES, upstream_names
 
 BOX_W, BOX_H, GAP, TOP, LEFT = 150, 96, 34, 130, 20
 FONT = 'font-family="DejaVu Sans, Arial, sans-serif"'
-PLUG_INS = {
-    "generate": ("engines", tuple(ENGINES)),
-    "hidden_states": ("backends", tuple(BACKENDS)),
+# The registries listed below a stage that plugs them in (`Stage.plug_ins`; the draft methods
+# are not pictured).
+PICTURED_PLUG_INS = {
+    "engine": ("engines", tuple(ENGINES)),
+    "backend": ("backends", tuple(BACKENDS)),
 }
 
 
@@ -48,9 +50,9 @@ def _stage_box(index: int) -> list[str]:
     files = tuple(spec.files) + spec.shown_files
     for line, name in enumerate(files[:4]):
         parts.append(_text(middle, TOP + 40 + 14 * line, name, 11))
-    if spec.name in PLUG_INS:
-        label, names = PLUG_INS[spec.name]
-        y = TOP + BOX_H + 50
+    pictured = [PICTURED_PLUG_INS[kind] for kind in spec.plug_ins if kind in PICTURED_PLUG_INS]
+    for row, (label, names) in enumerate(pictured):
+        y = TOP + BOX_H + 50 + 14 * row
         parts.append(
             f'<line x1="{middle}" y1="{y - 14}" x2="{middle}" y2="{TOP + BOX_H}" '
             'stroke="#888" stroke-dasharray="3,3"/>'

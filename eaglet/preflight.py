@@ -42,6 +42,7 @@ from eaglet.config import PipelineConfig
 from eaglet.errors import PermanentError
 from eaglet.local_paths import is_hub_dataset, is_hub_id
 from eaglet.progress import say
+from eaglet.stages import STAGE, STAGES
 
 PROBE = [{"role": "user", "content": "What is 2 + 2?"}]
 MIN_FREE_BYTES = 1 << 30
@@ -953,13 +954,13 @@ def check_devices(
         report.warnings.append(f"train.precision=bfloat16 on the CPU: {slow_bf16}; use float32")
 
 
-def preflight(config: PipelineConfig, until: str = "evaluate") -> PreflightReport:
+def preflight(config: PipelineConfig, until: str = STAGES[-1]) -> PreflightReport:
     """Every check that needs only the config, the target's config.json and tokenizer; see
     the module docstring. Never raises for a bad config: the report lists the problems.
     `until`: the last stage the run will run (checks of later stages are left out)."""
     report = PreflightReport()
     rows = check_datasets(config, report)
-    if until == "evaluate":
+    if any(STAGE[stage].evaluates for stage in STAGES[: STAGES.index(until) + 1]):
         check_holdout(config, rows, report)
         check_eval_sets(config, report)
     check_work_dir(config, report)
@@ -984,7 +985,7 @@ def preflight(config: PipelineConfig, until: str = "evaluate") -> PreflightRepor
 
 
 def run_preflight(
-    config: PipelineConfig, log: Callable[[str], None] = say, until: str = "evaluate"
+    config: PipelineConfig, log: Callable[[str], None] = say, until: str = STAGES[-1]
 ) -> PreflightReport:
     """The flow's one call before its first stage: `preflight(config)`, its report logged, a
     `PreflightError` raised on any problem. It only checks: whoever runs the demo's config
@@ -999,7 +1000,7 @@ def run_preflight(
 _PASSED_AHEAD: dict[str, list[str]] = {}
 
 
-def run_preflight_ahead(config: PipelineConfig, until: str = "evaluate") -> None:
+def run_preflight_ahead(config: PipelineConfig, until: str = STAGES[-1]) -> None:
     """`eaglet run`'s preflight, before Prefect loads and while its temporary server starts:
     a problem raises `PreflightError` in seconds, its report printed first; a pass is kept
     for the flow to log (`take_passed_ahead`) instead of checking again."""

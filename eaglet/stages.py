@@ -44,6 +44,10 @@ ACCEPTANCE_PLOT_FILE = "acceptance.png"  # evaluate
 # A keyed value that is no config field: the target layers the run's draft method reads
 # (`eaglet.hidden_states.layers.layer_ids_of`), so a method's default keys what it extracts.
 LAYER_IDS = "hidden_states.layer_ids"
+# The registries a stage can plug an entry of into its work, the one the config chooses:
+# "engine" (`generation.engine`, eaglet.engines.registry), "backend" (`hidden_states.backend`,
+# eaglet.hidden_states.backends), "method" (`train.method`, eaglet.draft.methods).
+PlugIn = Literal["engine", "backend", "method"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,17 @@ class Stage:
     keyed_by_online: tuple[str, ...] = ()  # keyed besides with train.hidden_states=online
     skipped_online: bool = False  # not run with train.hidden_states=online
     holds_device: bool = False  # loads a model on target.device / train.device while it runs
+    # The registries whose chosen entry does part of its work: that entry's module is part of
+    # its code and so of its key (`eaglet.cache`), and the pipeline picture lists engines and
+    # backends below it.
+    plug_ins: tuple[PlugIn, ...] = ()
+    plug_ins_online: tuple[PlugIn, ...] = ()  # besides, with train.hidden_states=online
+    # With tokenize.regenerate=all it regenerates later turns itself (`eaglet.turns`, and
+    # through it the reasoning split): only then does that code decide, and key, its output.
+    regenerates_turns: bool = False
+    # It measures the draft on held-out prompts and `evaluate.sets`: the preflight checks
+    # those only for a run that reaches it.
+    evaluates: bool = False
 
     def __post_init__(self) -> None:
         if self.resumes != bool(self.resume_note):
@@ -102,6 +117,12 @@ class Stage:
 
     def runs(self, config: PipelineConfig) -> bool:
         return not (self.skipped_online and _online(config))
+
+    def code_plug_ins(self, config: PipelineConfig | None) -> tuple[PlugIn, ...]:
+        """The registries whose chosen entry's module keys this stage under `config` (None:
+        the stage's code for any config, as `eaglet.cache.code_hash` takes it)."""
+        online = config is not None and _online(config)
+        return self.plug_ins + (self.plug_ins_online if online else ())
 
     def load_body(self) -> StageBody:
         return _load(self.body)
@@ -183,6 +204,8 @@ STAGE_LIST: tuple[Stage, ...] = (
         figures="eaglet.stage_bodies.figures:generate",
         reuse_estimate="eaglet.stage_reasons:generations_reused",
         retry_setting="generation.endpoints",  # a server that is down or busy
+        plug_ins=("engine",),
+        regenerates_turns=True,
     ),
     Stage(
         name="extract",
@@ -207,6 +230,7 @@ STAGE_LIST: tuple[Stage, ...] = (
         shown_files=("shard-*.safetensors", "index.jsonl"),
         skipped_online=True,  # online, train computes the features itself
         holds_device=True,  # the target, in-process with the hf backend
+        plug_ins=("backend",),
     ),
     Stage(
         name="train",
@@ -223,6 +247,8 @@ STAGE_LIST: tuple[Stage, ...] = (
         # Online, train computes the features itself: what decides them is keyed here.
         keyed_by_online=(LAYER_IDS, "target.dtype"),
         holds_device=True,
+        plug_ins=("method",),  # the draft's network, objective and exports
+        plug_ins_online=("backend",),  # online, train computes the features itself
     ),
     Stage(
         name="evaluate",
@@ -234,6 +260,8 @@ STAGE_LIST: tuple[Stage, ...] = (
         figures="eaglet.stage_bodies.figures:evaluate",
         shown_files=(ACCEPTANCE_PLOT_FILE,),
         holds_device=True,  # the target and the draft
+        plug_ins=("method",),  # how the draft proposes tokens
+        evaluates=True,
     ),
 )
 

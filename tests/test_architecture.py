@@ -464,12 +464,7 @@ STAGE_PACKAGES = {
 # Files that still hold stage names and belong to someone else's work in progress: remove
 # each entry once the file asks the declaration instead.
 ALLOWED_FOR_NOW = {
-    "eaglet/cache.py": "per-stage roots of the code hash and keyed sections (issue 35)",
     "eaglet/config.py": "config sections named like their stages (issue 35)",
-    "eaglet/preflight.py": "`until` defaults and checks of the last stage (issue 35)",
-    "eaglet/draft/launch.py": "the training job's config sections by name (issue 35)",
-    # Its PLUG_INS name the hidden-state backend registry, which is being built (issue 35).
-    "eaglet/pipeline_picture.py": "the registries that plug into generate and hidden_states",
 }
 # A string equal to a stage's name that means something else in its place.
 NOT_A_STAGE_NAME = {

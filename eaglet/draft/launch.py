@@ -65,7 +65,8 @@ def train_job(
         "hidden_states_dir": str(hidden_states_dir) if hidden_states_dir else None,
         "examples_path": str(examples_path) if examples_path else None,
         "resume": resume,
-        "hidden_states": (hidden_states or HiddenStatesConfig()).model_dump(),  # online source
+        # the hidden-state settings the online source computes the features with
+        "online_source": (hidden_states or HiddenStatesConfig()).model_dump(),
     }
 
 
@@ -143,7 +144,7 @@ def run_job(job: dict[str, Any], progress: Callable[[dict], None] | None = None)
     exclude = frozenset(job["exclude_sample_ids"])
     data: Any = job["hidden_states_dir"]
     if job["examples_path"]:
-        settings = HiddenStatesConfig.model_validate(job["hidden_states"])
+        settings = HiddenStatesConfig.model_validate(job["online_source"])
         served = hidden_states_backend(settings.backend).served  # fetched ahead when served
         data = OnlineData(
             Path(job["examples_path"]),
