@@ -16,8 +16,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -37,10 +39,60 @@ from tests.vllm_server import free_port
 pytestmark = pytest.mark.slow
 
 
+class WebhookReceiver:
+    """A local HTTP endpoint that keeps every JSON body POSTed to it: the target of the
+    custom-webhook notification block `eaglet serve --notify` is given."""
+
+    def __init__(self) -> None:
+        received = self.received = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                received.append(json.loads(body or b"{}"))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/eaglet-notices"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def notice_of(self, run_id: str, timeout: float = 60) -> dict:
+        """The notification about flow run `run_id` (its page's URL is in the body)."""
+
+        def arrived():
+            return next((m for m in self.received if run_id in m.get("body", "")), None)
+
+        return _wait_for(arrived, timeout, f"a notification about flow run {run_id}")
+
+    def save_block(self, api: str, name: str) -> str:
+        """Save a custom-webhook notification block pointing here; its `<type>/<name>`."""
+        from prefect.blocks.notifications import CustomWebhookNotificationBlock
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        block = CustomWebhookNotificationBlock(
+            name=name,
+            url=self.url,
+            json_data={"subject": "{{subject}}", "body": "{{body}}"},
+            allow_private_urls=True,  # the receiver is on 127.0.0.1
+        )
+        with temporary_settings({PREFECT_API_URL: api}):
+            block.save(name, overwrite=True)
+        return f"custom-webhook/{name}"
+
+
 def _copy_project(destination: Path) -> Path:
-    for part in ("eaglet", "tasks", "flows", "deployments"):
+    """The code `eaglet serve` runs: eaglet_prefect with its links too (without it, the served
+    runs imported the checkout's flows and tasks beside the copy's eaglet)."""
+    for part in ("eaglet", "eaglet_prefect", "tasks", "flows", "deployments"):
         shutil.copytree(
-            ROOT / part, destination / part, ignore=shutil.ignore_patterns("__pycache__")
+            ROOT / part,
+            destination / part,
+            symlinks=True,
+            ignore=shutil.ignore_patterns("__pycache__"),
         )
     return destination
 
@@ -55,12 +107,14 @@ class Served:
     api: str
     project: Path  # the copy of the project the deployments run from (their working dir)
     env: dict  # the environment `eaglet serve` runs in
+    webhook: WebhookReceiver  # where the notifications of `eaglet serve --notify` arrive
+    notify: str  # the notification block `eaglet serve --notify` names
     runner: subprocess.Popen | None = None  # `eaglet serve`
 
     def start_serve(self, log: str = "serve.log") -> None:
-        """Start `eaglet serve` and wait for its deployments."""
+        """Start `eaglet serve --notify` and wait for its deployments."""
         self.runner = _start(
-            [sys.executable, "-m", "eaglet_prefect.flows.cli", "serve"],
+            [sys.executable, "-m", "eaglet_prefect.flows.cli", "serve", "--notify", self.notify],
             {**self.env, "PYTHONPATH": str(self.project)},
             Path(self.env["PREFECT_HOME"]) / log,
             cwd=self.project,
@@ -93,12 +147,15 @@ def served(tmp_path_factory):
         "PREFECT_API_URL": api,
         "PREFECT_SERVER_API_PORT": str(port),
         "PREFECT_SERVER_UI_API_URL": api,
+        "PREFECT_UI_URL": api.removesuffix("/api"),  # the notifications link the run's page
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_RUNNER_POLL_FREQUENCY": "1",
     }
     server = _start_prefect_server(port, env, home / "server.log")
     client = httpx.Client(base_url=api, timeout=30, transport=RetryingTransport())
-    served = Served(client, {}, api, project, env)
+    webhook = WebhookReceiver()
+    notify = webhook.save_block(api, "eaglet-tests")
+    served = Served(client, {}, api, project, env, webhook, notify)
     try:
         served.start_serve()
         yield served
@@ -172,14 +229,15 @@ def test_a_second_run_of_a_deployment_waits_for_the_first_then_completes(
         )
         response.raise_for_status()
         ids.append(response.json()["id"])
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()  # (state, run name)
+    waiting = ("AwaitingConcurrencySlot", "pipeline[twice] until tokenize")
 
-    def one_waits():
-        names = [client.get(f"/flow_runs/{i}").json()["state"]["name"] for i in ids]
-        seen.update(names)
-        return "AwaitingConcurrencySlot" in seen
+    def one_waits_under_its_name():  # named while it waits, not only once it starts
+        runs = [client.get(f"/flow_runs/{i}").json() for i in ids]
+        seen.update((run["state"]["name"], run["name"]) for run in runs)
+        return waiting in seen
 
-    _wait_for(one_waits, 120, "a run awaiting the deployment's concurrency slot")
+    _wait_for(one_waits_under_its_name, 120, "a run AwaitingConcurrencySlot under its name")
     runs = [_finished(client, run_id) for run_id in ids]
     assert [run["state"]["type"] for run, _ in runs] == ["COMPLETED", "COMPLETED"], runs
     stages = STAGES[:2]
@@ -218,6 +276,22 @@ def test_a_preflight_refusal_leads_with_the_problem_and_logs_no_traceback(
     newest_eaglet = next(m for m in messages if not m.startswith("Finished in state"))
     shown = "\n".join(m[:150] for m in messages)
     assert newest_eaglet.startswith("refused before any stage: train.device=cuda"), shown
+    notice = served.webhook.notice_of(run["id"])  # the failure notification
+    assert notice["subject"] == "eaglet run pipeline[refused]: Failed", notice
+    assert "train.device=cuda" in notice["body"], notice
+
+    # A later attempt that completes marks this failure superseded (here called directly: a
+    # Retry of this run would be refused again).
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from eaglet_prefect.flows.superseded import mark_failures_superseded
+
+    with temporary_settings({PREFECT_API_URL: served.api}):
+        assert mark_failures_superseded(run["id"]) == 1
+        assert mark_failures_superseded(run["id"]) == 0  # once
+    stale = _artifact(client, run["id"], "run-refused")
+    assert stale.startswith("**Superseded**: a later attempt of this run completed"), stale
+    assert refused in stale  # what it said is kept below
 
 
 def _flow_run_process(run_id: str) -> int | None:
@@ -279,6 +353,21 @@ def test_a_run_killed_during_train_leaves_no_task_running_and_says_how_to_resume
     _, tasks = _finished(client, run_id)
     assert tasks["train[killed]"]["state"]["type"] == "CRASHED", tasks["train[killed]"]["state"]
     assert not [t for t in tasks.values() if t["state"]["type"] in ("RUNNING", "PENDING")]
+    notice = served.webhook.notice_of(run_id)
+    assert notice["subject"] == "eaglet run pipeline[killed]: Crashed", notice
+    if CHROMIUM.exists():  # what the run page shows: Crashed, and no task still Running
+        from playwright.sync_api import sync_playwright
+
+        base = served.api.removesuffix("/api")
+        with sync_playwright() as playwright:
+            context, page = _browser(playwright, tmp_path, base)
+            page.goto(f"{base}/runs/flow-run/{run_id}")
+            page.locator(".state-badge", has_text="Crashed").first.wait_for()
+            page.wait_for_load_state("networkidle")
+            assert page.locator(".state-badge", has_text="Running").count() == 0
+            (ROOT / "tests" / "artifacts").mkdir(exist_ok=True)
+            page.screenshot(path=str(ROOT / "tests" / "artifacts" / "journey-killed.png"))
+            context.close()
 
 
 def test_a_code_fix_to_extraction_reruns_extraction_and_later_stages_not_generation(
@@ -296,8 +385,17 @@ def test_a_code_fix_to_extraction_reruns_extraction_and_later_stages_not_generat
     assert run["parameters"]["config"]["train"]["lr"] == 0.002
     assert set(tasks) == {f"{stage}[fix]" for stage in STAGES}
     assert _states(tasks, "fix") == dict.fromkeys(STAGES, "Completed")
+    # tags by stage, and by device for the stages that load a model (a tag limit can cap them)
+    assert set(tasks["train[fix]"]["tags"]) >= {"eaglet-stage:train", "eaglet-device"}
+    assert "eaglet-device" not in tasks["download[fix]"]["tags"], tasks["download[fix]"]["tags"]
     report = _artifact(served.client, run["id"], "run-report")
     assert "Run completed" in report and "τ " in report
+    # the notification `eaglet serve --notify` set up: the run completed, with its τ, and a link
+    notice = served.webhook.notice_of(run["id"])
+    assert notice["subject"] == "eaglet run pipeline[fix]: Completed", notice
+    assert re.search(r"completed: τ \d\.\d{3} \(untrained draft \d\.\d{3}\)", notice["body"])
+    assert f"/runs/flow-run/{run['id']}" in notice["body"], notice
+    assert run["state"]["message"].startswith("τ "), run["state"]  # the run page says it too
 
     reasoning = served.project / "eaglet" / "reasoning.py"
     original = reasoning.read_bytes()
@@ -334,11 +432,18 @@ def test_failing_task_its_message_and_how_to_resume_are_visible_through_the_api(
     work_dir = (tmp_path / "work").resolve()
     (partial,) = (work_dir / "extract").glob("*.partial")
     assert (partial / "examples.jsonl").is_file()  # the hook leaves partial outputs in place
-    resume = f"`eaglet run {work_dir / 'config.yaml'} --until extract`"
+    # advice in the terms of the full form the run came from: the settings the error names,
+    # as Config → section → field, and no Retry (the same parameters fail the same way)
+    resume = (
+        "**Change** `reasoning.max_truncation_rate` (config → Reasoning split → Max Truncation "
+        "Rate), `generation.max_tokens` (config → Generation → Max Tokens), then start a new run"
+    )
     note = _artifact(served.client, run["id"], "extract-failure")
     assert "quality gate failed" in note and "hit max_tokens" in note
     assert f"Partial outputs, kept: `{partial}`" in note
     assert resume in note and "rebuilds this partial folder" in note
+    assert "Retry would send the same parameters and fail the same way" in note
+    assert "eaglet run" not in note  # no shell command on a UI run's page
     report = _artifact(served.client, run["id"], "run-report")
     assert "Run **failed** at `extract`" in report
     assert "| extract | Failed | 0 |" in report and "| generate | Completed |" in report
@@ -511,6 +616,10 @@ def test_run_with_changed_nested_config_fields_from_the_ui_form(
         _open_custom_run(page, base, "generate-only")
 
         assert _none_choices(page).count() == 0  # optional fields are plain inputs, blank = None
+        # sections titled in words, not by their class names ("TargetConfig (Optional)")
+        page.get_by_text("Target model").first.wait_for()
+        page.get_by_text("Draft training").first.wait_for()
+        assert page.get_by_text(re.compile(r"\b\w+Config\b")).count() == 0
         init_from = _property(page, "Init From (Optional)").locator("textarea, input").first
         assert init_from.input_value() == ""  # None, shown blank
         init_from.scroll_into_view_if_needed()
@@ -627,8 +736,9 @@ def test_a_whole_run_shows_its_plots_and_every_artifact_is_keyed_described_and_c
 ):
     """All seven stages through the API: every artifact of the run has a key and a
     description, none names a `.partial` folder (gone once a stage finishes) and every path
-    it names exists; the loss and acceptance plots are image artifacts that Chromium shows
-    on their artifact pages (screenshots in tests/artifacts/)."""
+    it names exists; the loss and acceptance plots are markdown artifacts embedding the PNG
+    (no data: URL printed as text, as an image artifact does) that Chromium shows on their
+    artifact pages (screenshots in tests/artifacts/)."""
     import base64
 
     from playwright.sync_api import sync_playwright
@@ -650,10 +760,12 @@ def test_a_whole_run_shows_its_plots_and_every_artifact_is_keyed_described_and_c
     plots = ("training-loss", "acceptance-plot")
     for key in plots:
         image = by_key[key]
-        assert image["type"] == "image", image["type"]
-        prefix = "data:image/png;base64,"
-        assert image["data"].startswith(prefix)
-        assert base64.b64decode(image["data"][len(prefix) :])[:4] == b"\x89PNG"
+        assert image["type"] == "markdown", image["type"]
+        embedded = re.match(
+            r"!\[[^\]]+\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", image["data"]
+        )
+        assert embedded, image["data"][:200]
+        assert base64.b64decode(embedded.group(1))[:4] == b"\x89PNG"
 
     base = served.api.removesuffix("/api")
     artifacts = ROOT / "tests" / "artifacts"
@@ -667,6 +779,7 @@ def test_a_whole_run_shows_its_plots_and_every_artifact_is_keyed_described_and_c
             page.wait_for_function(
                 "img => img.complete && img.naturalWidth > 0", arg=image.element_handle()
             )
+            assert page.get_by_text("data:image/png").count() == 0  # no raw URL as text
             page.screenshot(path=str(artifacts / f"prefect-ui-{key}.png"), full_page=True)
         context.close()
 
@@ -705,9 +818,12 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
     """What a user of the Prefect UI does, in headless Chromium, in order: triggers a run from
     the short form and sees its first progress lines on the run page, sees it complete, runs
     it again and sees every task Cached, inspects a failed run (red badge, the failure's
-    advice in UI terms), and adds a nightly schedule with the deployment page's *Schedule*
-    button that is still there after `eaglet serve` restarts. The seconds from *Submit* to
-    the first progress line are printed; screenshots go to tests/artifacts/journey-*.png."""
+    advice in UI terms), starts two runs at once and sees the second wait
+    (AwaitingConcurrencySlot) then complete, sees a refused run's page and artifact lead with
+    the problem and no traceback (and its notification arrive), and adds a nightly schedule
+    with the deployment page's *Schedule* button that is still there after `eaglet serve`
+    restarts. The seconds from *Submit* to the first sign of life and to the first progress
+    line are printed; screenshots go to tests/artifacts/journey-*.png."""
     import yaml
     from playwright.sync_api import sync_playwright
 
@@ -746,9 +862,16 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
         page.get_by_text("scheduled to start").last.wait_for()
         run = new_run("pipeline-short-form")
         page.goto(f"{base}/runs/flow-run/{run['id']}")
+        # the first sign of life: the flow's own first line (the short form's settings)
+        page.get_by_text("short form over").first.wait_for(timeout=180_000)
+        first_sign_s = time.monotonic() - submitted_at
+        page.screenshot(path=str(artifacts / "journey-first-sign.png"), full_page=False)
         page.get_by_text("preflight: ok").first.wait_for(timeout=180_000)
         first_line_s = time.monotonic() - submitted_at
-        print(f"first progress line on the run page {first_line_s:.1f} s after Submit")
+        print(
+            f"first sign of life on the run page {first_sign_s:.1f} s after Submit, first "
+            f"progress line {first_line_s:.1f} s"
+        )
         read = page.get_by_text(re.compile(r"read \d+ samples")).first
         read.wait_for(timeout=180_000)
         read.scroll_into_view_if_needed()
@@ -790,6 +913,57 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
         # the failure's advice in the log, in UI terms (its markdown shows as written)
         page.get_by_text(re.compile(r"Retry\W* button on this flow run's page")).first.wait_for()
         page.screenshot(path=str(artifacts / "journey-failed.png"), full_page=False)
+
+        # 3b. two runs at once (a double click): the second waits its turn, then completes
+        def short_form_run(parameters: dict) -> str:
+            response = client.post(
+                f"/deployments/{served.deployments['pipeline-short-form']}/create_flow_run",
+                json={"parameters": parameters},
+            )
+            response.raise_for_status()
+            seen.add(response.json()["id"])
+            return response.json()["id"]
+
+        # a fresh work dir, so the first run takes a while (it generates) and the second waits
+        twice = {**{k: str(v) for k, v in fields.items()}, "epochs": 1, "until": "generate",
+                 "work_dir": str(tmp_path / "twice-work")}  # fmt: skip
+        first_id, second_id = short_form_run(twice), short_form_run(twice)
+
+        def waiting() -> str | None:  # the runner may pick either up first
+            for run_id in (first_id, second_id):
+                state = client.get(f"/flow_runs/{run_id}").json()["state"]["name"]
+                if state == "AwaitingConcurrencySlot":
+                    return run_id
+            return None
+
+        waiting_id = _wait_for(waiting, 120, "one of the two runs waiting for the slot")
+        page.goto(f"{base}/runs/flow-run/{waiting_id}")
+        queued_badge = re.compile(r"Awaiting\s*Concurrency\s*Slot", re.IGNORECASE)
+        page.locator(".state-badge", has_text=queued_badge).first.wait_for()
+        page.screenshot(path=str(artifacts / "journey-queued.png"), full_page=False)
+        for run_id in (first_id, second_id):
+            queued, _ = _finished(client, run_id)
+            assert queued["state"]["type"] == "COMPLETED", queued["state"]
+        page.reload()
+        page.locator(".state-badge", has_text="Completed").first.wait_for()
+
+        # 3c. a refusal before any stage: its page leads with the problem, no traceback
+        refused_id = short_form_run({**twice, "target_model": str(tmp_path / "no-such-model")})
+        refused, _ = _finished(client, refused_id)
+        assert refused["state"]["type"] == "FAILED", refused["state"]
+        page.goto(f"{base}/runs/flow-run/{refused_id}")
+        page.get_by_text("refused before any stage").first.wait_for()
+        page.wait_for_load_state("networkidle")
+        assert page.get_by_text("Traceback").count() == 0
+        page.screenshot(path=str(artifacts / "journey-refused.png"), full_page=False)
+        report = _artifact(client, refused_id, "run-refused", field="id")
+        page.goto(f"{base}/artifacts/artifact/{report}")
+        page.get_by_text(re.compile(r"Refused before any stage: .*no-such-model")).first.wait_for()
+        page.get_by_text("Change the setting it names in the form").first.wait_for()
+        page.screenshot(path=str(artifacts / "journey-refused-artifact.png"), full_page=False)
+        notice = served.webhook.notice_of(refused_id)
+        assert notice["subject"] == "eaglet run pipeline[journey] until generate: Failed", notice
+        assert "no-such-model" in notice["body"], notice
 
         # 4. a nightly schedule added on the deployment's page
         def cron_schedules() -> list:
