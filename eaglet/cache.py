@@ -7,9 +7,11 @@ the source of every module of the project (packages `eaglet` and `eaglet_prefect
 the stage's task module imports, directly or through others: the import closure, computed by
 parsing the imports (`ast`, function-local and relative imports included, with the package
 `__init__` modules they run), never a hand-kept list.
-Imports of other packages (torch, transformers, site-packages) are not followed. Files are
-hashed by content and module name, never by path, so an edited file changes the key and a
-moved one (a clone's `tasks/`, the wheel's `eaglet_prefect/tasks/`) does not.
+Imports of other packages (torch, transformers, site-packages) are not followed. A module's
+file is its name's path under ROOT (`eaglet_prefect/tasks/train.py`: in a clone a symlink's
+way to `tasks/train.py`, in the wheel the file itself). Files are hashed by content and module
+name, never by path, so an edited file changes the key and the same file reached another way
+(through the link or not, a clone or the wheel) does not.
 
 Left out of every closure: modules whose content never decides what a stage writes
 (`NOT_OUTPUT`): the config and the parts its sections are made of (a stage is keyed by its
@@ -51,12 +53,8 @@ from eaglet.stages import LAYER_IDS, STAGE, PlugIn
 from eaglet.storage import Manifest, canonical_json, sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
-# The packages whose source keys a stage, and the folders (under ROOT) each lies in: the tasks
-# are `tasks/` in a clone and `eaglet_prefect/tasks/` where the wheel installed them.
-PROJECT_PACKAGES = {
-    "eaglet": ("eaglet",),
-    "eaglet_prefect.tasks": ("tasks", "eaglet_prefect/tasks"),
-}
+# The packages whose source keys a stage, each in the folder its name spells under ROOT.
+PROJECT_PACKAGES = ("eaglet", "eaglet_prefect.tasks")
 NOT_OUTPUT = frozenset(
     {
         "eaglet.config",
@@ -78,17 +76,15 @@ WORK_DIR_MARKER = ".eaglet.lock"  # eaglet.work_dir_lock.LOCK_FILE: every work d
 
 
 def module_file(module: str, root: Path = ROOT) -> Path | None:
-    """The source file of a project module (`pkg/mod.py` or `pkg/mod/__init__.py`), None for
-    a name outside the project or one that is not a module (an attribute)."""
-    for package, folders in PROJECT_PACKAGES.items():
-        if module != package and not module.startswith(package + "."):
-            continue
-        rest = module[len(package) + 1 :].split(".") if module != package else []
-        for folder in folders:
-            base = root.joinpath(folder, *rest)
-            for path in (base.with_suffix(".py"), base / "__init__.py"):
-                if path.is_file():
-                    return path
+    """The source file of a project module (`pkg/mod.py` or `pkg/mod/__init__.py`), with
+    symlinks resolved (the file a reader edits: `tasks/train.py` in a clone), None for a name
+    outside the project or one that is not a module (an attribute)."""
+    if not any(module == p or module.startswith(p + ".") for p in PROJECT_PACKAGES):
+        return None
+    base = root.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path.resolve()
     return None
 
 

@@ -3,13 +3,10 @@
 `eaglet_prefect.deployments` (`eaglet serve`), never as top-level `flows`, `tasks` and
 `deployments` that could collide with another project's in site-packages.
 
-The repository keeps its layout (`flows/`, `tasks/`, `deployments/` beside `eaglet/`): the
-wheel installs those folders here (`[tool.setuptools.package-dir]` in pyproject.toml), and in
-a clone (or a copy of one) this package's subpackages are found in the folder above it.
+The repository keeps its layout (`flows/`, `tasks/`, `deployments/` beside `eaglet/`); this
+package's `flows`, `tasks` and `deployments` are relative symlinks to those folders, committed
+in git, so every `eaglet_prefect.<x>.<module>` import names a file path that exists
+(`eaglet_prefect/flows/pipeline.py`): Python, the wheel's build (it follows the links) and a
+reader's tools (pyright, go-to-definition) all find the same file. Copy a clone with its links
+kept (`shutil.copytree(..., symlinks=True)`), or a copy's edits to `tasks/` are not what runs.
 """
-
-from pathlib import Path
-
-_HERE = Path(__file__).resolve().parent
-if not (_HERE / "flows").is_dir():  # a clone: the folders sit beside this package
-    __path__.append(str(_HERE.parent))  # type: ignore[name-defined]  # noqa: F821

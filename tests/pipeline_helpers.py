@@ -18,9 +18,14 @@ def stage_states(work_dir: Path) -> dict[str, str]:
 
 
 def copy_project(destination: Path) -> Path:
-    """A copy of the project's code in `destination`, for a test that edits it."""
-    for part in ("eaglet", "eaglet_prefect", "tasks", "flows"):
+    """A copy of the project's code in `destination`, for a test that edits it: its
+    eaglet_prefect links kept (`symlinks=True`), so eaglet_prefect.tasks is the copy's tasks/
+    (copied as folders, an edit to `tasks/` would not be what runs)."""
+    for part in ("eaglet", "eaglet_prefect", "tasks", "flows", "deployments"):
         shutil.copytree(
-            ROOT / part, destination / part, ignore=shutil.ignore_patterns("__pycache__")
+            ROOT / part,
+            destination / part,
+            symlinks=True,
+            ignore=shutil.ignore_patterns("__pycache__"),
         )
     return destination

@@ -10,27 +10,31 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Folder -> the package it is imported as (the Prefect side installs as eaglet_prefect.*).
+# The project's packages, each in the folder its name spells (eaglet_prefect/tasks is a link
+# to the repository's tasks/: eaglet_prefect/__init__.py) -> its layer's name.
 PACKAGES = {
-    "eaglet": "eaglet",
-    "tasks": "eaglet_prefect.tasks",
-    "flows": "eaglet_prefect.flows",
-    "deployments": "eaglet_prefect.deployments",
+    "eaglet": "core",
+    "eaglet_prefect.tasks": "tasks",
+    "eaglet_prefect.flows": "flows",
+    "eaglet_prefect.deployments": "deployments",
 }
 
 
 def module_name(path: Path) -> str:
-    folder, *parts = path.relative_to(ROOT).with_suffix("").parts
-    parts = parts[:-1] if parts[-1:] == ["__init__"] else parts
-    return ".".join([PACKAGES[folder], *parts])
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(path): path for folder in PACKAGES for path in (ROOT / folder).rglob("*.py")}
+MODULES = {
+    module_name(path): path
+    for package in PACKAGES
+    for path in ROOT.joinpath(*package.split(".")).rglob("*.py")
+}
 
 
 def layer(name: str) -> str:
     """core, tasks, flows, deployments or prefect: where a module sits (other: its root)."""
-    for layer_name, package in (("core", "eaglet"), *((f, p) for f, p in PACKAGES.items())):
+    for package, layer_name in PACKAGES.items():
         if name == package or name.startswith(package + "."):
             return layer_name
     return name.split(".")[0]
@@ -119,6 +123,51 @@ def test_cli_imports_prefect_tasks_and_the_flow_only_inside_functions():
 def test_tasks_never_import_flows():
     offenders = {n: imports_of(n) for n in MODULES if layer(n) == "tasks"}
     assert {k for k, v in offenders.items() if "flows" in roots(v)} == set()
+
+
+LINKED = ("flows", "tasks", "deployments")  # eaglet_prefect/<name> -> ../<name>
+
+
+def test_the_prefect_side_is_linked_into_eaglet_prefect_by_relative_symlinks():
+    """A clone's eaglet_prefect/flows, tasks, deployments are relative links to the top-level
+    folders (so a copy or a move of the clone keeps them), not copies and not a `__path__`
+    trick that only the interpreter follows."""
+    import os
+
+    for name in LINKED:
+        link = ROOT / "eaglet_prefect" / name
+        assert link.is_symlink() and os.readlink(link) == f"../{name}", link
+        assert link.resolve() == ROOT / name
+    assert "__path__" not in (ROOT / "eaglet_prefect" / "__init__.py").read_text()
+
+
+def test_every_project_import_names_a_file_path_that_exists():
+    """Static resolution, as pyright or go-to-definition does it: each `eaglet*` module that
+    the code, tests and benchmarks import is `<its name's path>.py` or its `__init__.py` under
+    the repository root (through the links), and nothing imports a bare `flows`, `tasks` or
+    `deployments`."""
+
+    def is_file(module: str) -> bool:
+        base = ROOT.joinpath(*module.split("."))
+        return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+    folders = ("eaglet", *LINKED, "tests", "benchmarks")
+    unresolved, bare = [], []
+    for path in sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue  # relative imports: their folder is the file's own
+            where = f"{path.relative_to(ROOT)}:{node.lineno}"
+            bare += [f"{where} {n}" for n in names if n.split(".")[0] in LINKED]
+            unresolved += [
+                f"{where} {n}" for n in names if n.split(".")[0] in {"eaglet", "eaglet_prefect"}
+                and not is_file(n)
+            ]  # fmt: skip
+    assert unresolved == [] and bare == [], (unresolved, bare)
 
 
 def test_no_engine_imports_another_engine():

@@ -113,6 +113,9 @@ def test_closure_follows_local_relative_and_package_imports_but_not_site_package
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
+    if tasks_folder == "tasks":  # a clone: eaglet_prefect/tasks is a link to the folder
+        (tmp_path / "eaglet_prefect").mkdir()
+        (tmp_path / "eaglet_prefect" / "tasks").symlink_to("../tasks")
     closure = cache.import_closure(("eaglet_prefect.tasks.probe",), root=tmp_path)
     assert closure == (
         "eaglet",
@@ -123,6 +126,25 @@ def test_closure_follows_local_relative_and_package_imports_but_not_site_package
         "eaglet_prefect.tasks",
         "eaglet_prefect.tasks.probe",
     )
+
+
+def test_a_task_module_reached_through_the_link_or_as_a_folder_keys_the_same(tmp_path):
+    """A clone reaches eaglet_prefect/tasks/train.py through a link, the wheel as a file: the
+    module's file is named resolved (the one a reader edits), and each stage's closure and
+    its modules' hashes are the same either way (keyed by module name and content)."""
+    assert cache.module_file("eaglet_prefect.tasks.train") == cache.ROOT / "tasks" / "train.py"
+    assert cache.module_file("tasks.train") is None  # only the installed name is the project's
+    wheel = tmp_path / "wheel"  # the wheel's layout: real folders under eaglet_prefect/
+    shutil.copytree(cache.ROOT / "eaglet", wheel / "eaglet", ignore=shutil.ignore_patterns("*.pyc"))
+    shutil.copytree(cache.ROOT / "tasks", wheel / "eaglet_prefect" / "tasks")
+    for stage in STAGES:
+        roots = (cache.STAGE[stage].body.partition(":")[0], f"eaglet_prefect.tasks.{stage}")
+        hashes = {
+            root: {m: cache.module_source_hash(m, root) for m in cache.import_closure(roots, root)}
+            for root in (cache.ROOT, wheel)
+        }
+        assert hashes[cache.ROOT] == hashes[wheel], stage
+        assert f"eaglet_prefect.tasks.{stage}" in hashes[wheel], stage
 
 
 def test_stage_closures_hold_the_modules_a_hand_kept_list_missed():
@@ -196,9 +218,12 @@ def test_editing_a_module_rekeys_exactly_the_stages_whose_code_holds_it(tmp_path
     here stand for unchanged output)."""
     root = Path(cache.ROOT)
     tree = tmp_path / "tree"
-    for package in ("eaglet", "tasks"):
+    for package in ("eaglet", "eaglet_prefect", "tasks"):  # eaglet_prefect/tasks: a link
         shutil.copytree(
-            root / package, tree / package, ignore=shutil.ignore_patterns("__pycache__")
+            root / package,
+            tree / package,
+            symlinks=True,
+            ignore=shutil.ignore_patterns("__pycache__"),
         )
     before = _keys_of(tree)
     closures = before["closures"]
