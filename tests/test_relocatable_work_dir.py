@@ -26,10 +26,14 @@ def stage_states(work_dir: Path) -> dict[str, str]:
 
 def frozen_project(destination: Path) -> Path:
     """A copy of the code the runs import: stage keys hash the code, and a shared working
-    tree may change under a test that runs for minutes."""
-    for part in ("eaglet", "tasks", "flows"):
+    tree may change under a test that runs for minutes. eaglet_prefect and its links too:
+    without it the runs import the checkout's flows and tasks beside the copy's eaglet."""
+    for part in ("eaglet", "eaglet_prefect", "tasks", "flows", "deployments"):
         shutil.copytree(
-            ROOT / part, destination / part, ignore=shutil.ignore_patterns("__pycache__")
+            ROOT / part,
+            destination / part,
+            symlinks=True,
+            ignore=shutil.ignore_patterns("__pycache__"),
         )
     return destination
 
