@@ -66,6 +66,14 @@ def test_a_work_pool_worker_runs_the_deployments_of_prefect_yaml(
     worker = None
     try:
         client = httpx.Client(base_url=api, timeout=30, transport=RetryingTransport())
+        # prefect.yaml's build step creates the notifications when EAGLET_NOTIFY_BLOCK names
+        # a block (once per deployment deployed: idempotent)
+        from prefect.blocks.notifications import CustomWebhookNotificationBlock
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings({PREFECT_API_URL: api}):
+            CustomWebhookNotificationBlock(name="pool", url="http://127.0.0.1:9").save("pool")
+        env["EAGLET_NOTIFY_BLOCK"] = "custom-webhook/pool"
         # The README's three commands as written, by bash in the repository root (the third
         # stays running: it is the worker).
         for command in commands[:2]:
@@ -82,6 +90,10 @@ def test_a_work_pool_worker_runs_the_deployments_of_prefect_yaml(
         )
         for name, deployment in deployments.items():  # one run at a time, the rest queue
             assert one_run_at_a_time(deployment), (name, deployment)
+        automations = client.post("/automations/filter", json={}).json()
+        assert sorted(a["name"] for a in automations) == [
+            "eaglet: a run completed", "eaglet: a run failed or crashed",
+        ], automations  # fmt: skip
         (nightly,) = deployments["nightly-rerun"]["schedules"]
         assert nightly["schedule"]["cron"] == "0 2 * * *" and nightly["active"] is False
 
