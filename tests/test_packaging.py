@@ -20,6 +20,7 @@ import pytest
 from eaglet.cache import code_hash
 from eaglet.stages import STAGES
 from tests.conftest import ROOT
+from tests.pipeline_helpers import copy_project
 
 pytestmark = pytest.mark.slow  # builds a wheel (a few seconds)
 
@@ -130,3 +131,29 @@ def test_from_the_wheel_the_flow_finds_its_tasks_and_the_code_hashes_are_the_clo
         text=True,
     )
     assert command.returncode == 0 and "fixture-model" in command.stdout, command.stderr
+
+
+def test_a_copy_of_the_clone_imports_its_own_flows_and_tasks(tmp_path):
+    """A copy with its links kept (what the tests that edit or serve a copy run) imports the
+    copy's flows and tasks, through its own eaglet_prefect, from the files of its `flows/` and
+    `tasks/` (the ones a test edits), not the checkout's."""
+    project = copy_project(tmp_path / "project")
+    probe = subprocess.run(
+        [sys.executable, "-c", COPY_PROBE], cwd=project, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(project)}, timeout=300,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    files = {name: Path(path).resolve() for name, path in json.loads(probe.stdout).items()}
+    assert files == {
+        "eaglet": project / "eaglet" / "__init__.py",
+        "eaglet_prefect": project / "eaglet_prefect" / "__init__.py",
+        "eaglet_prefect.flows.pipeline": project / "flows" / "pipeline.py",
+        "eaglet_prefect.tasks.train": project / "tasks" / "train.py",
+    }
+
+
+COPY_PROBE = """
+import json, eaglet, eaglet_prefect
+import eaglet_prefect.flows.pipeline as pipeline, eaglet_prefect.tasks.train as train
+print(json.dumps({m.__name__: m.__file__ for m in (eaglet, eaglet_prefect, pipeline, train)}))
+"""
