@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 # The project's packages, each in the folder its name spells (eaglet_prefect/tasks is a link
 # to the repository's tasks/: eaglet_prefect/__init__.py) -> its layer's name.
@@ -680,6 +682,7 @@ print(json.dumps({"backends": sorted(BACKENDS),
 """
 
 
+@pytest.mark.slow  # seconds of subprocess or timeouts: outside the fast suite
 def test_adding_a_hidden_state_backend_is_its_module_and_one_registry_line(
     tmp_path, fixture_model_dir
 ):

@@ -109,6 +109,7 @@ def _doctor_in_thread(tmp_path: Path, data: dict, capsys) -> tuple[int, str] | N
     return result[0] if result else None
 
 
+@pytest.mark.slow  # seconds of subprocess or timeouts: outside the fast suite
 def test_doctor_against_a_server_that_never_answers_comes_back(tmp_path, good, capsys):
     with silent_server() as url:
         good["generation"] = {
@@ -123,6 +124,7 @@ def test_doctor_against_a_server_that_never_answers_comes_back(tmp_path, good, c
     assert code == 1 and "did not answer GET" in out and "Traceback" not in out
 
 
+@pytest.mark.slow  # seconds of subprocess or timeouts: outside the fast suite
 def test_doctor_against_a_server_that_never_generates_comes_back(tmp_path, good, capsys):
     fake = FakeServer(hang_s=600)
     fake.faults.extend(["hang"] * 8)

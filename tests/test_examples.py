@@ -172,6 +172,7 @@ def test_every_example_has_a_stand_in_and_loads():
         assert config.name and config.datasets, name
 
 
+@pytest.mark.slow  # seconds of subprocess or timeouts: outside the fast suite
 @pytest.mark.parametrize("example", sorted(STAND_IN_CONFIGS))
 def test_example_passes_the_preflight_on_its_stand_in(example, tmp_path):
     written, config = example_on_stand_ins(example, tmp_path)

@@ -29,6 +29,7 @@ def test_a_shape_keeps_the_published_numbers_at_fewer_layers_or_more_rows():
         real_shape_config("llama-9b")
 
 
+@pytest.mark.slow  # seconds of subprocess or timeouts: outside the fast suite
 def test_the_cli_names_what_is_wrong_with_a_shape_request(tmp_path, monkeypatch):
     result = run_cli(["fixture-model", str(tmp_path / "m"), "--layers", "3"])
     assert result.returncode == 2 and "--tokenizer go with --shape" in result.stderr

@@ -212,6 +212,7 @@ def _keys_of(tree) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow  # seconds of subprocess or timeouts: outside the fast suite
 def test_editing_a_module_rekeys_exactly_the_stages_whose_code_holds_it(tmp_path):
     """Later stages are keyed by what their upstream wrote (early cutoff), not by its key: an
     edit re-keys the stages whose code holds the module and no other (the upstream manifests

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_cli
 
 
@@ -23,6 +25,7 @@ def work_dir_with_history(root: Path) -> Path:
     return work
 
 
+@pytest.mark.slow  # seconds of subprocess or timeouts: outside the fast suite
 def test_gc_lists_first_and_removes_only_with_yes(tmp_path):
     work = work_dir_with_history(tmp_path)
     listed = run_cli(["gc", str(work)], cwd=tmp_path)

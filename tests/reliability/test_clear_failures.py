@@ -17,6 +17,7 @@ from eaglet.preflight import PreflightReport, check_endpoints, check_hidden_stat
 from tests.conftest import run_cli
 
 
+@pytest.mark.slow  # seconds of subprocess or timeouts: outside the fast suite
 def test_a_read_only_work_dir_says_so_and_what_to_do_with_exit_2(tmp_path):
     """It exited 1 on `OSError [Errno 30]` for `.eaglet.lock` though nothing ran."""
     mount = tmp_path / "ro"
@@ -81,6 +82,7 @@ def test_extract_with_every_answer_dropped_by_the_loop_guard_fails_naming_why():
     assert "reasoning.looped_rows" in message and "a1" in message
 
 
+@pytest.mark.slow  # seconds of subprocess or timeouts: outside the fast suite
 def test_serve_with_a_dead_loopback_api_url_says_so_in_seconds(tmp_path, monkeypatch, capsys):
     """Issue 40: `eaglet serve` with PREFECT_API_URL at nothing waited 120 s before saying so.
     Where no process on this machine is starting a Prefect server, a loopback URL gets 5 s."""
