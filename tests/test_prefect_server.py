@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from tests.conftest import ROOT
+from tests.pipeline_helpers import copy_project as _copy_project
 from tests.prefect_server_helpers import STAGES, RetryingTransport
 from tests.prefect_server_helpers import api_run_config as _config
 from tests.prefect_server_helpers import finished_run as _finished
@@ -82,19 +83,6 @@ class WebhookReceiver:
         with temporary_settings({PREFECT_API_URL: api}):
             block.save(name, overwrite=True)
         return f"custom-webhook/{name}"
-
-
-def _copy_project(destination: Path) -> Path:
-    """The code `eaglet serve` runs: eaglet_prefect with its links too (without it, the served
-    runs imported the checkout's flows and tasks beside the copy's eaglet)."""
-    for part in ("eaglet", "eaglet_prefect", "tasks", "flows", "deployments"):
-        shutil.copytree(
-            ROOT / part,
-            destination / part,
-            symlinks=True,
-            ignore=shutil.ignore_patterns("__pycache__"),
-        )
-    return destination
 
 
 SERVED = {"pipeline", "pipeline-short-form", "generate-only"}  # what `eaglet serve` serves

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_cli, small_run_overrides
+from tests.conftest import run_cli, small_run_overrides
+from tests.pipeline_helpers import copy_project
 
 pytestmark = pytest.mark.slow
 UNTIL_TRAIN = ["download", "tokenize", "generate", "extract", "hidden_states", "train"]
@@ -24,20 +25,6 @@ def stage_states(work_dir: Path) -> dict[str, str]:
     return {stage: figures["state"] for stage, figures in run["stages"].items()}
 
 
-def frozen_project(destination: Path) -> Path:
-    """A copy of the code the runs import: stage keys hash the code, and a shared working
-    tree may change under a test that runs for minutes. eaglet_prefect and its links too:
-    without it the runs import the checkout's flows and tasks beside the copy's eaglet."""
-    for part in ("eaglet", "eaglet_prefect", "tasks", "flows", "deployments"):
-        shutil.copytree(
-            ROOT / part,
-            destination / part,
-            symlinks=True,
-            ignore=shutil.ignore_patterns("__pycache__"),
-        )
-    return destination
-
-
 def test_a_copied_work_dir_is_cached_and_trains_from_its_own_shards(
     tmp_path, fixture_model_dir, sample_data_dir
 ):
@@ -45,7 +32,9 @@ def test_a_copied_work_dir_is_cached_and_trains_from_its_own_shards(
     overrides = small_run_overrides(original, fixture_model_dir, sample_data_dir)
     config = tmp_path / "run.yaml"
     config.write_text("name: relocate\n")
-    project = frozen_project(tmp_path / "project")
+    # a frozen copy of the code the runs import: stage keys hash the code, and a shared working
+    # tree may change under a test that runs for minutes
+    project = copy_project(tmp_path / "project")
     args = ["run", str(config), "--until", "train"]
     first = run_cli([*args, *(f"--set={o}" for o in overrides)], cwd=project)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
