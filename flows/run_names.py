@@ -14,11 +14,12 @@ from eaglet.config import PipelineConfig, load_config
 
 FLOWS = ("eaglet-pipeline", "eaglet-pipeline-short-form")
 NAMING_EVERY_S = 2.0
+NAMED = "pipeline["  # how every name `run_label` gives begins (Prefect's own never does)
 
 
 def run_label(name: str, parameters: dict[str, Any]) -> str:
     """`pipeline[<config name>]`, plus `until` and `refresh from` when they are set."""
-    label = f"pipeline[{name}]"
+    label = f"{NAMED}{name}]"
     if parameters.get("until", "evaluate") != "evaluate":
         label += f" until {parameters['until']}"
     if parameters.get("refresh_from"):
@@ -65,6 +66,8 @@ def name_waiting_runs() -> int:
             limit=200,
         )
         for run in runs:
+            if run.name.startswith(NAMED):  # named already: its config file is not read again
+                continue
             name = run_label_of(dict(run.parameters))
             if run.name != name:
                 client.update_flow_run(run.id, name=name)
