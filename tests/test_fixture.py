@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from eaglet.cache import model_fingerprint
 from eaglet.fixture.corpus import generate_conversations, prompt_and_target
 from eaglet.fixture.sample_data import write_sample_data
 from eaglet.fixture.tokenizer import (
@@ -224,6 +225,12 @@ def test_fixture_model_build_is_deterministic(tmp_path: Path) -> None:
     second = build_fixture_model(tmp_path / "b", seed=0, train_steps=3, log=lambda _: None)
     for name in ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"):
         assert sha256(first / name) == sha256(second / name), name
+    # Every file is the same (fixture.json once held the build time): two fresh clones' demos
+    # key tokenize and every later stage alike, as the target's fingerprint hashes them all.
+    assert sorted(p.name for p in first.iterdir()) == sorted(p.name for p in second.iterdir())
+    for path in first.iterdir():
+        assert sha256(path) == sha256(second / path.name), path.name
+    assert model_fingerprint(str(first)) == model_fingerprint(str(second))
     info = json.loads((first / "fixture.json").read_text())
     assert info["seed"] == 0 and info["train_steps"] == 3
     # Rebuilding over an existing directory replaces it.
