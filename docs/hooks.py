@@ -55,7 +55,7 @@ def _problem(text: str) -> None:
 
 def _pipeline_config() -> type:
     root = _state["root"]
-    if (root / "eaglet" / "config.py").is_file() and str(root) not in sys.path:
+    if (root / "eaglet" / "config" / "__init__.py").is_file() and str(root) not in sys.path:
         sys.path.insert(0, str(root))  # this checkout's model, installed or not
     from eaglet.config import PipelineConfig
 

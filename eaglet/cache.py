@@ -66,7 +66,14 @@ NOT_OUTPUT = frozenset(
         "eaglet.errors",
         "eaglet.stage_reasons",  # says why a stage runs, never what it writes
     }
-)
+)  # a package's name stands for its modules too (eaglet.config.train): `is_not_output`
+
+
+def is_not_output(module: str) -> bool:
+    """Whether `module` is left out of every closure: a `NOT_OUTPUT` module or package, or a
+    module of such a package (`eaglet.config.train`, `eaglet.preflight.target`)."""
+    return any(module == name or module.startswith(name + ".") for name in NOT_OUTPUT)
+
 
 # Files of a model folder that change what the stages compute. Weights over this size are
 # fingerprinted by size plus their first and last MiB: hashing 100 GB of shards on every run
@@ -155,7 +162,7 @@ def import_closure(
     todo = [m for r in roots for m in _with_parents(r) if module_file(m, root) is not None]
     while todo:
         module = todo.pop()
-        if module in seen or module in NOT_OUTPUT or module in skip:
+        if module in seen or is_not_output(module) or module in skip:
             continue
         seen.add(module)
         todo.extend(project_imports(module, root) - seen)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eaglet.config import DatasetSpec
+from eaglet.config.datasets import DatasetSpec
 from eaglet.errors import PermanentError
 from eaglet.local_paths import UNSUPPORTED_DATASET_SUFFIXES, is_hub_dataset
 from eaglet.records.io import record_line

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eaglet.config import EvalSet
+from eaglet.config.evaluate import EvalSet
 from eaglet.local_paths import is_hub_dataset
 
 # name -> (hub id, hub config, split) where the set has a canonical hub copy

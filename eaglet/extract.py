@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eaglet.config import ReasoningConfig
+from eaglet.config.reasoning import ReasoningConfig
 from eaglet.errors import PermanentError
 from eaglet.reasoning import (
     TOOL_CALL_CLOSE,

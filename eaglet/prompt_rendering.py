@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eaglet.config import GenerationConfig, TokenizeConfig
+from eaglet.config.generation import GenerationConfig
+from eaglet.config.tokenize import TokenizeConfig
 from eaglet.errors import PermanentError
 from eaglet.records.io import read_jsonl, record_line
 from eaglet.records.prompts import Prompt

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from eaglet.config import GenerationConfig, SamplingChoice
+from eaglet.config.generation import GenerationConfig, SamplingChoice
 
 
 def choose(generation: GenerationConfig, sample_id: str, position: int) -> dict[str, Any] | None:

@@ -10,7 +10,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from eaglet.config import GenerationConfig
+from eaglet.config.generation import GenerationConfig
 
 # The engines of the config, and "" for "the base config's".
 EngineChoice = Literal[("",) + get_args(GenerationConfig.model_fields["engine"].annotation)]  # type: ignore[valid-type]

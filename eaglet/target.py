@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from eaglet.config import TargetConfig
+from eaglet.config.target import TargetConfig
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -31,7 +31,7 @@ def target_dtype(target: TargetConfig) -> str:
     """The dtype the target is loaded in: `target.dtype`, or what `auto` picks for the device
     (`target.device`): bfloat16 on a CUDA GPU with bfloat16 arithmetic, float16 on an older
     one, float32 on the CPU, where most processors emulate bfloat16 (a hundred times slower,
-    eaglet/preflight.py) and float16's range overflows."""
+    eaglet/preflight/devices.py) and float16's range overflows."""
     if target.dtype != "auto":
         return target.dtype
     if resolve_device(target.device).startswith("cuda"):

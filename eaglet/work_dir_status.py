@@ -220,7 +220,7 @@ def why_no_example(report: dict[str, Any], sample_id: str) -> str:
 def show_sample(report: dict[str, Any], sample_id: str, as_json: bool = False) -> int:
     """Print one example with its loss mask (what the draft is trained on, span by span), or
     why there is none; `as_json` prints one JSON object either way."""
-    from eaglet.config import TargetConfig
+    from eaglet.config.target import TargetConfig
     from eaglet.extract import loss_mask_spans, render_loss_mask
     from eaglet.reasoning import detect_format
     from eaglet.records.examples import Example

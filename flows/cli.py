@@ -231,7 +231,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """Preflight checks of a config (eaglet/preflight.py: files, target, layer ids, template,
+    """Preflight checks of a config (eaglet/preflight/: files, target, layer ids, template,
     lengths, disk), then the canary against its servers with the canary's own limits. Every
     finding is one line naming the key or file and what to do; never a traceback."""
     from eaglet.preflight import preflight

@@ -517,11 +517,12 @@ STAGE_PACKAGES = {
 ALLOWED_FOR_NOW: dict[str, str] = {}
 # A string equal to a stage's name that means something else in its place.
 NOT_A_STAGE_NAME = {
-    ("eaglet/config.py", "train"): "a dataset's default split",
+    ("eaglet/config/datasets.py", "train"): "a dataset's default split",
     # The config's own sections, named like their stages, as keys of its raw data: the demo's
     # evaluate.sets, an older override's flat hidden_states key, resolve_paths' updates.
-    ("eaglet/config.py", "evaluate"): "the evaluate section's key in a config's data",
-    ("eaglet/config.py", "hidden_states"): "the hidden_states section's key in a config's data",
+    ("eaglet/config/pipeline.py", "evaluate"): "the evaluate section's key in a config's data",
+    ("eaglet/config/loading.py", "evaluate"): "the evaluate section's key in a config's data",
+    ("eaglet/config/loading.py", "hidden_states"): "the hidden_states section's key in its data",
     ("eaglet/datasets.py", "train"): "the dataset split a parquet file's rows load into",
     ("eaglet/fixture/model.py", "train"): "the fixture corpus's random stream",
     ("eaglet/fixture/corpus.py", "train"): "the fixture corpus's random stream",

@@ -99,8 +99,11 @@ def test_closure_follows_local_relative_and_package_imports_but_not_site_package
 ):
     files = {
         "eaglet/__init__.py": "",
-        "eaglet/config.py": "import eaglet.never  # not followed: config is keyed by its subset\n",
+        # not followed: config is keyed by its subset (a NOT_OUTPUT package and its modules)
+        "eaglet/config/__init__.py": "import eaglet.never\n",
+        "eaglet/config/train.py": "import eaglet.never_either\n",
         "eaglet/never.py": "",
+        "eaglet/never_either.py": "",
         "eaglet/sub/__init__.py": "",
         "eaglet/sub/helper.py": "from .leaf import VALUE\n",
         "eaglet/sub/leaf.py": "VALUE = 1\n",
@@ -108,7 +111,7 @@ def test_closure_follows_local_relative_and_package_imports_but_not_site_package
         "eaglet/unused.py": "",
         f"{tasks_folder}/__init__.py": "",
         f"{tasks_folder}/probe.py": "import torch\nfrom eaglet import lazy\n"
-        "from eaglet.config import X\n",
+        "from eaglet.config import X\nfrom eaglet.config.train import Y\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -157,7 +160,9 @@ def test_stage_closures_hold_the_modules_a_hand_kept_list_missed():
     assert "eaglet.draft.checkpoint" in cache.stage_modules("evaluate", config)
     assert "eaglet.records.examples" not in generate  # extract's record type
     for stage in STAGES:
-        assert not set(cache.stage_modules(stage, config)) & cache.NOT_OUTPUT
+        closure = cache.stage_modules(stage, config)
+        assert not set(closure) & cache.NOT_OUTPUT
+        assert not [m for m in closure if cache.is_not_output(m)], stage  # nor their modules
     vllm = load_config(None, ["generation.engine=vllm", "generation.endpoints=[http://x]"])
     assert "eaglet.engines.http" in cache.stage_modules("generate", vllm)
 
@@ -229,14 +234,16 @@ def test_editing_a_module_rekeys_exactly_the_stages_whose_code_holds_it(tmp_path
     before = _keys_of(tree)
     closures = before["closures"]
 
-    def edit_and_diff(module: str) -> set[str]:
-        path = cache.module_file(module, tree)
-        original = path.read_text()
-        path.write_text(original + "\n# edited by the test\n")
+    def edit_and_diff(*modules: str) -> set[str]:
+        paths = [cache.module_file(module, tree) for module in modules]
+        originals = {path: path.read_text() for path in paths}
+        for path, original in originals.items():
+            path.write_text(original + "\n# edited by the test\n")
         try:
             after = _keys_of(tree)["keys"]
         finally:
-            path.write_text(original)
+            for path, original in originals.items():
+                path.write_text(original)
         return {name for name, key in after.items() if before["keys"][name] != key}
 
     for index, stage in enumerate(STAGES):
@@ -255,8 +262,16 @@ def test_editing_a_module_rekeys_exactly_the_stages_whose_code_holds_it(tmp_path
     } and "local:generate" not in changed
     # A fix to the HTTP client re-keys what the vllm engine generated, not the local engine's.
     assert edit_and_diff("eaglet.engines.http") == {"vllm:generate"}
-    # The config is keyed by each stage's subset of it, not by its source.
-    assert edit_and_diff("eaglet.config") == set()
+    # The config is keyed by each stage's subset of it, not by its source: no module of it (one
+    # per section) re-keys a stage, nor does a module of the preflight (they never write).
+    packages = [tree / "eaglet" / "config", tree / "eaglet" / "preflight"]
+    modules = [
+        ".".join(path.relative_to(tree).with_suffix("").parts).removesuffix(".__init__")
+        for package in packages
+        for path in sorted(package.glob("*.py"))
+    ]
+    assert {"eaglet.config", "eaglet.config.train", "eaglet.preflight.target"} <= set(modules)
+    assert edit_and_diff(*modules) == set()
 
 
 def test_dataset_key_follows_file_content_not_path(tmp_path):

@@ -34,7 +34,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from eaglet.config import EvaluateConfig, TargetConfig
+from eaglet.config.evaluate import EvaluateConfig
+from eaglet.config.target import TargetConfig
 from eaglet.cpu_threads import apply_threads
 from eaglet.draft import rejection
 from eaglet.draft.checkpoint import aux_layer_ids as draft_aux_layer_ids

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from eaglet.config import TargetConfig
+from eaglet.config.target import TargetConfig
 from eaglet.draft.checkpoint import (
     AUX_LAYER_CONVENTION,
     MIDLAYER_PREFIX,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 
-from eaglet.config import TargetConfig
+from eaglet.config.target import TargetConfig
 from eaglet.draft.evaluate import default_eos_ids, evaluate_loaded, load_target
 from eaglet.draft.train_data import HiddenStatesData
 from eaglet.target import end_token_ids, load_tokenizer

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eaglet.config import TrainConfig
+from eaglet.config.train import TrainConfig
 from eaglet.draft.checkpoint import aux_layer_ids, config_from_json, load_draft
 from eaglet.draft.model import ARCHITECTURE_VARIANTS, Eagle3Config, Eagle3Draft
 from eaglet.draft.vocab import DraftVocab

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from eaglet.config import HiddenStatesConfig, TargetConfig
+from eaglet.config.hidden_states import HiddenStatesConfig
+from eaglet.config.target import TargetConfig
 from eaglet.draft.train_data import data_fingerprint, window_starts
 from eaglet.draft.vocab import count_tokens
 from eaglet.hidden_states.backends import hidden_states_backend

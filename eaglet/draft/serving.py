@@ -26,7 +26,8 @@ from pathlib import Path
 
 import httpx
 
-from eaglet.config import EvaluateConfig, TargetConfig
+from eaglet.config.evaluate import EvaluateConfig
+from eaglet.config.target import TargetConfig
 from eaglet.draft.methods import method_of_draft
 from eaglet.errors import PermanentError
 from eaglet.target import load_config, target_dtype

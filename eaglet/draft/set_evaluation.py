@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from eaglet.config import EvalSet, EvaluateConfig, TargetConfig
+from eaglet.config.evaluate import EvalSet, EvaluateConfig
+from eaglet.config.target import TargetConfig
 from eaglet.draft.evaluate import Verifier, load_target, resolve_aux_ids, speculative_generate
 from eaglet.draft.methods import method_of_draft
 from eaglet.draft.rejection import Sampling

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from eaglet.config import TargetConfig
+from eaglet.config.target import TargetConfig
 from eaglet.target import load_config
 
 SINGLE_FILE = "model.safetensors"

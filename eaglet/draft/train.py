@@ -7,7 +7,7 @@ DFlash's blocks). Reads top to bottom, nanoGPT-style: the draft's settings and t
 plot, then `setup` (its steps: count the steps, load the borrowed target head, the vocab, build
 the draft, the optimizer, resume, the schedule), `train_step` (one optimizer step over one global
 batch), `train_loop` (the epochs, with logging and checkpoints) and `summarize`. `train_draft`
-calls the four in order. `TrainConfig` (eaglet/config.py) is the one settings type.
+calls the four in order. `TrainConfig` (eaglet/config/train.py) is the one settings type.
 
 Data parallel: under `torchrun` (see eaglet/draft/launch.py) every process takes its share of
 each global batch (rows rank, rank + world, ...), the loss of each predicted position (TTT step
@@ -36,7 +36,8 @@ import torch
 import torch.distributed as dist
 from safetensors import SafetensorError
 
-from eaglet.config import TargetConfig, TrainConfig
+from eaglet.config.target import TargetConfig
+from eaglet.config.train import TrainConfig
 from eaglet.cpu_threads import apply_threads
 from eaglet.draft.checkpoint import load_training_state, save_training_state
 from eaglet.draft.heldout_tau import HeldoutTau

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from eaglet.config import TrainConfig
+from eaglet.config.train import TrainConfig
 from eaglet.draft.ttt_loss import target_in_vocab
 from eaglet.draft.vocab import count_tokens
 from eaglet.hidden_states.shards import INDEX, read_window

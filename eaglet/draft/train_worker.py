@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from eaglet.config import TrainConfig
+from eaglet.config.train import TrainConfig
 from eaglet.draft.launch import PROGRESS_PREFIX, SUMMARY_FILE, run_job
 from eaglet.draft.train import training_device
 

@@ -10,7 +10,7 @@ from eaglet.records.generations import Generation
 from eaglet.records.prompts import Prompt
 
 if TYPE_CHECKING:
-    from eaglet.config import GenerationConfig
+    from eaglet.config.generation import GenerationConfig
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from eaglet.hidden_states.layers import resolve_aux_layer_ids
 if TYPE_CHECKING:
     import torch
 
-    from eaglet.config import HiddenStatesConfig, TargetConfig
+    from eaglet.config.hidden_states import HiddenStatesConfig
+    from eaglet.config.target import TargetConfig
 
 
 class HFSettings(BackendSettings):

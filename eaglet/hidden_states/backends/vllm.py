@@ -470,7 +470,7 @@ class VllmServerBackend:
         one with is an executable (and its server on 127.0.0.1 is not one that the workers of
         a Dask cluster elsewhere must reach); or the servers someone else runs answer as vLLM
         does, and their connector folder holds only connector files."""
-        from eaglet.preflight import not_vllm_problem, vllm_endpoint_problem
+        from eaglet.preflight.endpoints import not_vllm_problem, vllm_endpoint_problem
 
         settings = config.hidden_states.vllm
         python = settings.vllm_python

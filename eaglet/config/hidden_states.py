@@ -1,0 +1,126 @@
+"""`hidden_states`: the target's features the draft learns from: layers, storage, the backend,
+and one section per backend of the registry (`eaglet.hidden_states.backends`), each typed
+as the backend's own `settings` (`HiddenStatesConfig`). Also the keys older configs wrote
+flat in `hidden_states` and the backend section each now lives in (`FLAT_BACKEND_KEYS`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+
+from eaglet.config_fields import CACHE_NEUTRAL, Strict
+from eaglet.hidden_states.backends import BACKENDS, BackendName, hidden_states_backend
+
+# The keys hidden_states held itself before each backend had its section (issue 35), and the
+# backend whose section holds each now. Older configs still write them flat: they are read into
+# the section, and a stage key holds them flat, as it did (eaglet.cache). Never extended: a new
+# backend's keys live in its section only.
+FLAT_BACKEND_KEYS: dict[str, str] = {
+    "device_map": "hf",
+    **dict.fromkeys(
+        ("endpoints", "connector_path", "served_model", "concurrency", "request_timeout_s",
+         "vllm_python", "vllm_args", "startup_timeout_s"),
+        "vllm",
+    ),
+}  # fmt: skip
+
+
+class _HiddenStatesSettings(Strict):
+    """`hidden_states` but the backends' sections, which `HiddenStatesConfig` adds, one per
+    backend of the registry (`eaglet.hidden_states.backends`)."""
+
+    model_config = ConfigDict(title="Hidden states")  # the UI form's heading
+
+    aux_layer_ids: list[int] | None = Field(
+        None,
+        description="Target layers whose states feed the draft, in the vLLM/speculators "
+        "convention (id i = HF hidden_states[i], the input of layer i; 0 = the embeddings, "
+        "which SGLang's convention cannot name). Blank (null) = (2, N//2, N-3).",
+    )
+    shard_tokens: int = Field(
+        65536, ge=256, description="Tokens per safetensors shard before a new one is started."
+    )
+    batch_size: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="Sequences per target forward.",
+        json_schema_extra=CACHE_NEUTRAL,
+    )
+    batch_tokens: int = Field(
+        16384,
+        ge=16,
+        le=10_000_000,
+        description="Padded tokens per target forward at most (hf backend): batches are "
+        "bucketed by length, so padding stays small.",
+        json_schema_extra=CACHE_NEUTRAL,
+    )
+    storage: Literal["float32", "bfloat16", "int8", "fp8"] = Field(
+        "int8",
+        description="How feature values are stored: float32 (16·H bytes per token), bfloat16 "
+        "(8·H), int8 or fp8 with per-token absmax scales (4·H). int8 is the default: half of "
+        "bf16's bytes; benchmarks/hidden_states.py measured 0.7% relative error and 99.7% of "
+        "the target's greedy tokens unchanged against float32 on the fixture (fp8: 2.6%, 99.2%).",
+    )
+    backend: BackendName = Field(
+        "hf",
+        description="What computes the target's states; its settings are the section of its "
+        "name: hf = transformers in-process (target.device, target.dtype; hidden_states.hf); "
+        "vllm = vLLM servers started with the extract_hidden_states speculative method and a "
+        "hidden-states KV connector (hidden_states.vllm; see the README). Older configs' keys "
+        "of a backend written in hidden_states itself (hidden_states.endpoints, "
+        "hidden_states.vllm_python, hidden_states.device_map, ...) are still read into its "
+        "section.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_keys_into_sections(cls, data: Any) -> Any:
+        """An older config's backend key written in hidden_states itself (FLAT_BACKEND_KEYS)
+        moves into its backend's section; written in both places with two values, it is an
+        error (which would win is anybody's guess)."""
+        if not isinstance(data, dict) or not any(key in data for key in FLAT_BACKEND_KEYS):
+            return data
+        data = dict(data)
+        for key in [key for key in data if key in FLAT_BACKEND_KEYS]:
+            name, value = FLAT_BACKEND_KEYS[key], data.pop(key)
+            section = data.get(name)
+            if isinstance(section, BaseModel):
+                section = section.model_dump(exclude_unset=True)
+            section = dict(section or {})
+            if key in section and section[key] != value:
+                raise ValueError(
+                    f"hidden_states.{key} (the older spelling) and hidden_states.{name}.{key} "
+                    f"are both set, to {value!r} and {section[key]!r}: keep "
+                    f"hidden_states.{name}.{key}"
+                )
+            section[key] = value
+            data[name] = section
+        return data
+
+    @model_validator(mode="after")
+    def _chosen_backend_can_run(self) -> _HiddenStatesSettings:
+        problem = getattr(self, self.backend).problem_when_chosen()
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+def _backend_section(name: str) -> tuple[type, Any]:
+    settings = hidden_states_backend(name).settings
+    description = " ".join((settings.__doc__ or "").split())
+    return settings, Field(default_factory=settings, description=description)
+
+
+# `hidden_states`: the settings above and one section per backend of the registry, named as the
+# backend and typed as its `settings` (hidden_states.vllm: eaglet.hidden_states.backends.vllm.
+# VllmSettings). Built from the registry, so that adding a backend edits no line here.
+HiddenStatesConfig = create_model(
+    "HiddenStatesConfig",
+    __base__=_HiddenStatesSettings,
+    __doc__="The hidden_states stage's settings: layers, storage, the backend and its section.",
+    __module__=__name__,
+    **{name: _backend_section(name) for name in BACKENDS},
+)

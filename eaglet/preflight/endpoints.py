@@ -1,0 +1,139 @@
+"""Servers a later stage reaches or starts, checked now rather than hours into the run: the
+serving check's vLLM python (`evaluate.vllm_python`) or running server
+(`evaluate.serving_endpoint`: it answers, and as vLLM), and a Dask scheduler
+(`execution.dask_address`). The vLLM probes serve the hidden-state backend's own check too.
+The generation servers are the canary's (`eaglet.canary`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from eaglet.config.pipeline import PipelineConfig
+from eaglet.preflight.report import PreflightReport, first_line
+
+
+def check_vllm_python(config: PipelineConfig, report: PreflightReport) -> None:
+    """The vLLM python the serving check starts a server with names an executable: the server
+    starts only at the evaluate stage, hours into a run (the hidden-state backend's is its
+    own check, `check_hidden_states_backend`)."""
+    wanted = {
+        "evaluate.vllm_python": config.evaluate.serving == "vllm"
+        and not config.evaluate.serving_endpoint
+        and config.evaluate.vllm_python,
+    }
+    for setting, python in wanted.items():
+        if not python:
+            continue
+        if Path(python).is_file() and os.access(python, os.X_OK):
+            report.passed.append(f"{setting} {python}: executable")
+        else:
+            report.problems.append(
+                f"{setting}: {python} is not an executable file: give the python of a venv "
+                "with vLLM installed (e.g. .vllm-venv/bin/python)"
+            )
+    if wanted["evaluate.vllm_python"] and config.evaluate.temperature > 0:
+        import torch
+
+        if not torch.cuda.is_available():  # the vLLM eaglet starts here is its CPU build
+            report.problems.append(
+                f"evaluate.temperature={config.evaluate.temperature:g} with evaluate.serving="
+                "vllm on a vLLM eaglet starts on this CPU: vLLM 0.32's CPU build verifies sampled "
+                "drafts wrongly (its _expand_kernel_impl casts each request's temperature to "
+                "an integer), so the served check would fail after the whole run; set "
+                "evaluate.temperature: 0, evaluate.serving: none, or a GPU server in "
+                "evaluate.serving_endpoint"
+            )
+
+
+ENDPOINT_TIMEOUT_S = 5.0
+
+
+def vllm_endpoint_problem(setting: str, url: str) -> str | None:
+    """Why `url` is not a vLLM server that answers (refused, timed out, no `/v1/models`), in
+    one line naming `setting` and the URL; None when it answers as vLLM does."""
+    import httpx
+
+    probe = f"{url}/v1/models"
+    try:
+        response = httpx.get(probe, timeout=ENDPOINT_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        return (
+            f"{setting}: {url} does not answer (GET {probe}: {first_line(exc)}): start the "
+            "server, fix the URL, or leave it unset so that eaglet starts one (vllm_python)"
+        )
+    try:
+        models = response.json().get("data") if response.status_code == 200 else None
+    except ValueError:
+        models = None
+    if not isinstance(models, list):
+        return (
+            f"{setting}: {url} answers, but not as a vLLM server (GET {probe}: HTTP "
+            f"{response.status_code}): point it at vLLM's OpenAI API server"
+        )
+    return None
+
+
+def not_vllm_problem(setting: str, url: str, needed: str, instead: str) -> str | None:
+    """Why `url` is not vLLM: no Prometheus `/metrics` with vLLM's `vllm:` series (any
+    OpenAI-compatible server answers /v1/models too). `needed` says what needs vLLM,
+    `instead` what to do."""
+    import httpx
+
+    try:
+        response = httpx.get(f"{url}/metrics", timeout=ENDPOINT_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        return f"{setting}: GET {url}/metrics failed ({first_line(exc)}): {needed}"
+    if response.status_code != 200 or "vllm:" not in response.text:
+        return (
+            f"{setting}: {url} answers /v1/models but is not vLLM (its /metrics, HTTP "
+            f"{response.status_code}, has no vLLM counters): {needed}; {instead}"
+        )
+    return None
+
+
+SERVED_TAU_NEEDS = "served τ is read from vLLM's spec-decode counters"
+SERVED_TAU_INSTEAD = (
+    "point it at a vLLM server started with the draft, or set evaluate.serving: none"
+)
+
+
+def _tcp_problem(setting: str, address: str) -> str | None:
+    import socket
+
+    host_port = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = host_port.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=ENDPOINT_TIMEOUT_S):
+            return None
+    except ValueError:
+        return f"{setting}: {address!r} has no port; write tcp://host:8786"
+    except OSError as exc:
+        return (
+            f"{setting}: nothing answers at {address} ({exc.strerror or exc}): start the "
+            "Dask scheduler, fix the address, or leave it unset for a local cluster"
+        )
+
+
+def check_endpoints(config: PipelineConfig, report: PreflightReport) -> None:
+    """Servers the later stages will use, checked now rather than hours into the run: the
+    serving check's running server and a Dask scheduler. The generation servers are the
+    canary's (the first minute of generate); the hidden-state backend's are its own check."""
+    url = config.evaluate.serving_endpoint
+    if config.evaluate.serving == "vllm" and url:
+        setting = "evaluate.serving_endpoint"
+        problem = vllm_endpoint_problem(setting, url) or not_vllm_problem(
+            setting, url, SERVED_TAU_NEEDS, SERVED_TAU_INSTEAD
+        )
+        if problem:
+            report.problems.append(problem)
+        else:
+            report.passed.append(f"{setting} {url}: a vLLM server answers")
+    execution = config.execution
+    if execution.task_runner == "dask" and execution.dask_address:
+        problem = _tcp_problem("execution.dask_address", execution.dask_address)
+        if problem:
+            report.problems.append(problem)
+        else:
+            report.passed.append(f"execution.dask_address {execution.dask_address}: answers")
