@@ -4,7 +4,7 @@ today's: the same tree twice, differing only in `eaglet/cpu_threads.py`.
 
 1. Two copies of this checkout's committed tree (`git archive HEAD`): "after" as it is,
    "before" with `eaglet/cpu_threads.py` from `--before`.
-2. The train stage: its body (`eaglet.stages.STAGE["train"]`) on a finished demo work dir's
+2. The train stage: its body (`eaglet.stage_bodies.train.run`) on a finished demo work dir's
    hidden-state shards (`--work-dir`, default runs/demo: run `make demo` first), into a fresh
    folder, timed end to end (training, export, plot) in a fresh process per measurement.
 3. The fast suite (`make test-fast`'s selection, 2 pytest-xdist workers, the `serial` part
@@ -40,7 +40,7 @@ import json, sys, tempfile, time
 from pathlib import Path
 from eaglet.config import load_config
 from eaglet.stage_context import PlainContext
-from eaglet.stages import STAGE
+from eaglet.stage_bodies.every_stage import BODIES
 from eaglet.storage import read_manifest
 
 work_dir = Path(sys.argv[1]).resolve()
@@ -51,7 +51,7 @@ inputs = {
     "examples": read_manifest(Path(run["extract"]["path"])),
 }
 lines = []
-body = STAGE["train"].load_body()
+body = BODIES["train"]
 with tempfile.TemporaryDirectory() as scratch:
     folder = Path(scratch) / "train.partial"
     folder.mkdir()

@@ -35,8 +35,8 @@ import torch  # noqa: E402
 from eaglet.config import load_config  # noqa: E402
 from eaglet.fixture.real_shape import build_real_shape_model  # noqa: E402
 from eaglet.fixture.sample_data import write_sample_data  # noqa: E402
+from eaglet.stage_bodies.every_stage import run_stage_without_prefect  # noqa: E402
 from eaglet.stage_context import PlainContext  # noqa: E402
-from eaglet.stage_runner import run_stage_body  # noqa: E402
 from eaglet.stages import REPORT_FILE, STAGE_LIST  # noqa: E402
 from eaglet.storage import stage_dir  # noqa: E402
 from eaglet.target import resolve_device, target_dtype  # noqa: E402
@@ -114,7 +114,9 @@ def main() -> int:
             torch.cuda.reset_peak_memory_stats(device)
         begun = time.monotonic()
         inputs = {name: outputs[name] for name in spec.inputs(config)}
-        manifest = outputs[spec.output] = run_stage_body(spec.name, config, inputs, context)
+        manifest = outputs[spec.output] = run_stage_without_prefect(
+            spec.name, config, inputs, context
+        )
         seconds = time.monotonic() - begun
         tokens = stage_tokens(spec.name, manifest)
         device_peak = torch.cuda.max_memory_allocated(device) / MB if on_gpu else None

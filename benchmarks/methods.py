@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 from eaglet.config import load_config  # noqa: E402
 from eaglet.draft import evaluate as evaluator  # noqa: E402
 from eaglet.draft.methods import draft_method, method_of_draft  # noqa: E402
+from eaglet.stage_bodies.every_stage import run_stage_without_prefect  # noqa: E402
 from eaglet.stage_context import PlainContext  # noqa: E402
-from eaglet.stage_runner import run_stage_body  # noqa: E402
 from eaglet.stages import STAGE_LIST  # noqa: E402
 
 METHOD_SETTINGS = {  # the same k for each: its chain, its masks, its block
@@ -55,7 +55,7 @@ def run_pipeline(config) -> dict:
     for spec in STAGE_LIST:
         if spec.runs(config):
             inputs = {name: outputs[name] for name in spec.inputs(config)}
-            outputs[spec.output] = run_stage_body(
+            outputs[spec.output] = run_stage_without_prefect(
                 spec.name, config, inputs, PlainContext(lambda _: None)
             )
     return outputs

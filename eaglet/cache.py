@@ -193,11 +193,12 @@ PLUG_IN_MODULE: dict[PlugIn, Callable[[PipelineConfig | None], str | None]] = {
 
 
 def stage_modules(stage: str, config: PipelineConfig | None = None) -> tuple[str, ...]:
-    """The modules whose source decides a stage's output: the import closure of its body's
-    module (`eaglet.stages`), of its task module `tasks/<stage>.py` and of the entries it
-    plugs in (`Stage.plug_ins`: the configured engine, backend, draft method)."""
+    """The modules whose source decides a stage's output: the import closure of its task
+    module `tasks/<stage>.py` (which imports the stage's body, `eaglet/stage_bodies/<stage>.py`)
+    and of the entries it plugs in (`Stage.plug_ins`: the configured engine, backend, draft
+    method)."""
     spec = STAGE[stage]
-    roots = (spec.body.partition(":")[0], f"eaglet_prefect.tasks.{stage}")
+    roots = (task_module(stage),)
     for kind in spec.code_plug_ins(config):
         module = PLUG_IN_MODULE[kind](config)
         roots += (module,) if module is not None else ()
@@ -207,6 +208,11 @@ def stage_modules(stage: str, config: PipelineConfig | None = None) -> tuple[str
         # only with regenerate=all: a fix to extraction must not re-run generation.
         skip = frozenset({"eaglet.turns"})
     return import_closure(roots, skip=skip)
+
+
+def task_module(stage: str) -> str:
+    """The module of a stage's Prefect task, the root of its code (`tasks/<stage>.py`)."""
+    return f"eaglet_prefect.tasks.{stage}"
 
 
 def module_source_hash(module: str, root: Path = ROOT) -> str:

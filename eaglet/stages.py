@@ -1,10 +1,14 @@
 """Every stage of the pipeline, declared once: its name, what it reads, the files it writes,
-what in the configuration keys it, and the core function that does its work.
+what in the configuration keys it, and what the run report and the picture say about it.
 
 Everything else derives from `STAGES`: the stage order and the `StageName` choices (CLI,
 flow form), the upstream manifests in each cache key and the key's config subset
-(`eaglet.cache`), the flow's wiring (`flows/pipeline.py`), `eaglet inspect`'s status. A stage's
-body runs without Prefect (`eaglet.stage_context`); `tasks/<stage>.py` adapts it to a task.
+(`eaglet.cache`), the order of the flow's tasks (`flows/pipeline.py`), `eaglet inspect`'s
+status. A stage's work is its body, `run` in `eaglet/stage_bodies/<stage>.py`, which runs
+without Prefect (`eaglet.stage_context`); `tasks/<stage>.py` imports it and adapts it to a
+task, and the flow imports the tasks: flow → task → body is three imports a reader (or an
+IDE's "go to definition") follows. The body is keyed as part of its task module's import
+closure (`eaglet.cache`).
 
 Output file names are constants here, beside the stage that writes them; a later stage reads
 them from here, never as a loose string.
@@ -61,7 +65,6 @@ class Stage:
     reads: tuple[str, ...]
     files: tuple[str, ...]  # the record files it writes; `records` counts the first
     keyed_by: tuple[str, ...]
-    body: str  # `module:function` of the core function doing the work (`StageBody`)
     resumes: bool = False  # a rerun continues its `.partial` folder instead of starting over
     # With `resumes`: what a rerun does with the `.partial` folder, in the run report's words
     # ("this stage <resume_note>"); a stage that resumes cannot be declared without one.
@@ -124,9 +127,6 @@ class Stage:
         online = config is not None and _online(config)
         return self.plug_ins + (self.plug_ins_online if online else ())
 
-    def load_body(self) -> StageBody:
-        return _load(self.body)
-
     def key_figures(self, manifest: dict[str, Any]) -> str:
         """The figures a person checks first for this stage (a manifest as a dict); "" when
         it declares none."""
@@ -172,7 +172,6 @@ STAGE_LIST: tuple[Stage, ...] = (
         reads=(),
         files=(SAMPLES_FILE, REJECTED_FILE),
         keyed_by=("datasets",),
-        body="eaglet.stage_bodies.download:run",
         figures="eaglet.stage_bodies.figures:download",
     ),
     Stage(
@@ -188,7 +187,6 @@ STAGE_LIST: tuple[Stage, ...] = (
             "generation.sampling_plan_mode",
             "generation.seed",
         ),  # fmt: skip
-        body="eaglet.stage_bodies.tokenize:run",
         figures="eaglet.stage_bodies.figures:tokenize",
     ),
     Stage(
@@ -197,7 +195,6 @@ STAGE_LIST: tuple[Stage, ...] = (
         reads=("prompts",),
         files=(GENERATIONS_FILE, FAILED_FILE, TURN_PROMPTS_FILE),
         keyed_by=("generation", "target.model"),
-        body="eaglet.stage_bodies.generate:run",
         resumes=True,  # appends records as they arrive; a rerun sends only the missing ones
         resume_note=f"keeps the records already in {GENERATIONS_FILE} and sends only the "
         "prompts not written yet (failed samples are tried again)",
@@ -213,7 +210,6 @@ STAGE_LIST: tuple[Stage, ...] = (
         reads=("generations", "prompts"),
         files=(EXAMPLES_FILE, QUALITY_FILE),
         keyed_by=("reasoning", "target.model"),
-        body="eaglet.stage_bodies.extract:run",
         figures="eaglet.stage_bodies.figures:extract",
     ),
     Stage(
@@ -222,7 +218,6 @@ STAGE_LIST: tuple[Stage, ...] = (
         reads=("examples",),
         files=(),  # safetensors shards and index.jsonl (eaglet.hidden_states.shards)
         keyed_by=("hidden_states", LAYER_IDS, "target.model", "target.dtype"),
-        body="eaglet.stage_bodies.hidden_states:run",
         resumes=True,
         resume_note="keeps every finished shard and computes only the samples not in one",
         figures="eaglet.stage_bodies.figures:hidden_states",
@@ -238,7 +233,6 @@ STAGE_LIST: tuple[Stage, ...] = (
         reads=("features",),
         files=(),  # the draft folders (eaglet.draft.export) and the training state
         keyed_by=("train", "target.model"),
-        body="eaglet.stage_bodies.train:run",
         resumes=True,
         resume_note=f"resumes training from the last checkpoint in {TRAIN_STATE_FOLDER}/",
         figures="eaglet.stage_bodies.figures:train",
@@ -256,7 +250,6 @@ STAGE_LIST: tuple[Stage, ...] = (
         reads=("draft", "prompts"),
         files=(REPORT_FILE,),
         keyed_by=("evaluate", "target.model"),
-        body="eaglet.stage_bodies.evaluate:run",
         figures="eaglet.stage_bodies.figures:evaluate",
         shown_files=(ACCEPTANCE_PLOT_FILE,),
         holds_device=True,  # the target and the draft

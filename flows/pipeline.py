@@ -3,7 +3,6 @@ the end. Nothing here does the work."""
 
 from __future__ import annotations
 
-import importlib
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -33,16 +32,29 @@ from eaglet_prefect.flows.run_names import run_label_of
 from eaglet_prefect.flows.superseded import mark_failures_superseded
 from eaglet_prefect.tasks.caching import partial_folder, result_storage_path, stage_failure
 from eaglet_prefect.tasks.demo_setup import demo_setup
-from eaglet_prefect.tasks.hidden_states import map_hidden_state_shards
+from eaglet_prefect.tasks.download import download
+from eaglet_prefect.tasks.evaluate import evaluate
+from eaglet_prefect.tasks.extract import extract
+from eaglet_prefect.tasks.generate import generate
+from eaglet_prefect.tasks.hidden_states import hidden_states, map_hidden_state_shards
+from eaglet_prefect.tasks.tokenize import tokenize
+from eaglet_prefect.tasks.train import train
 
 
-def task_of_stage(stage: str) -> Task:
-    """The Prefect task of `stage`: `tasks/<stage>.py` defines it under the stage's name (one
-    thin task per stage of `eaglet.stages`, nothing to list here)."""
-    return getattr(importlib.import_module(f"eaglet_prefect.tasks.{stage}"), stage)
+def tasks_in_stage_order(*tasks: Task) -> dict[str, Task]:
+    """Stage name -> its task (`tasks/<stage>.py`, named after its stage), refused unless the
+    tasks are those of `eaglet.stages`, one each, in the same order."""
+    names = tuple(task.name for task in tasks)
+    if names != STAGES:
+        raise ValueError(
+            f"the flow's tasks are {list(names)}, the declared stages {list(STAGES)}: "
+            "import each stage's task (tasks/<stage>.py) and list it in the stages' order"
+        )
+    return dict(zip(names, tasks, strict=True))
 
 
-TASKS: dict[str, Task] = {name: task_of_stage(name) for name in STAGES}
+# Each stage's task: a new stage's task is imported above and listed here in its place.
+TASKS = tasks_in_stage_order(download, tokenize, generate, extract, hidden_states, train, evaluate)
 permanent_errors_without_tracebacks()  # eaglet's deliberate failures: their message, once
 BETWEEN_STAGES = "the flow after"  # what an interrupt names once a stage has finished
 

@@ -29,7 +29,7 @@ from eaglet.config import PipelineConfig
 from eaglet.errors import is_transient
 from eaglet.run_report import failure_entry, failure_note, read_run_record
 from eaglet.stage_runner import run_stage_body
-from eaglet.stages import STAGE, upstream_names
+from eaglet.stages import STAGE, StageBody, upstream_names
 from eaglet.storage import PARTIAL_SUFFIX, Manifest, reusable_stage, stage_folder
 from eaglet_prefect.tasks.context import PrefectContext
 
@@ -84,15 +84,18 @@ def result_storage_path(config: PipelineConfig) -> Path:
 
 def run_stage_task(
     stage: str,
+    body: StageBody,
     config: PipelineConfig,
     inputs: dict[str, Any],
     refresh: bool = False,
     reopen_if: Callable[[Manifest], bool] | None = None,
 ) -> dict[str, Any]:
-    """Run one stage's body into `WORK_DIR/<stage>/<key>/` (or reuse the folder) with the
-    Prefect context, and return its manifest as the task's result."""
+    """Run one stage's `body` (which its task module imports) into `WORK_DIR/<stage>/<key>/`
+    (or reuse the folder) with the Prefect context, and return its manifest as the task's
+    result."""
     given = given_inputs(stage, inputs)
-    return run_stage_body(stage, config, given, PrefectContext(), refresh, reopen_if).model_dump()
+    manifest = run_stage_body(stage, body, config, given, PrefectContext(), refresh, reopen_if)
+    return manifest.model_dump()
 
 
 def partial_folder(stage: str, config: PipelineConfig, inputs: dict[str, Any]) -> tuple[str, Path]:

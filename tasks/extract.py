@@ -1,9 +1,10 @@
-"""The extract stage as a Prefect task (its work: `eaglet.stage_bodies.extract`); it fails
+"""The extract stage as a Prefect task (its work: `extract_body.run`); it fails
 the run at the quality gate."""
 
 from __future__ import annotations
 
 from eaglet.config import PipelineConfig
+from eaglet.stage_bodies import extract as extract_body
 from eaglet_prefect.tasks.caching import run_stage_task, stage_task
 
 
@@ -12,4 +13,4 @@ def extract(
     config: PipelineConfig, generations: dict, prompts: dict, refresh: bool = False
 ) -> dict:
     inputs = {"generations": generations, "prompts": prompts}
-    return run_stage_task("extract", config, inputs, refresh=refresh)
+    return run_stage_task("extract", extract_body.run, config, inputs, refresh=refresh)

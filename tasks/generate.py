@@ -5,6 +5,7 @@ resumes the same partial folder and sends only the prompts not written yet."""
 from __future__ import annotations
 
 from eaglet.config import PipelineConfig
+from eaglet.stage_bodies import generate as generate_body
 from eaglet.stage_bodies.generate import api_key
 from eaglet.storage import Manifest
 from eaglet_prefect.tasks.caching import run_stage_task, stage_task
@@ -28,6 +29,7 @@ def generate(
     (the flow bypasses the cache for it); `refresh` regenerates everything."""
     return run_stage_task(
         "generate",
+        generate_body.run,
         config,
         {"prompts": prompts},
         refresh=refresh,

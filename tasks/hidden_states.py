@@ -23,6 +23,7 @@ from eaglet.hidden_states.backends import hidden_states_backend
 from eaglet.hidden_states.reuse import FeatureReuse
 from eaglet.hidden_states.stage import ShardSpec, backend_factory, build_shard, prepare_stage
 from eaglet.reuse import earlier_runs_alike
+from eaglet.stage_bodies import hidden_states as hidden_states_body
 from eaglet.stages import EXAMPLES_FILE
 from eaglet.storage import read_manifest, stage_dir
 from eaglet_prefect.tasks.caching import partial_folder, run_stage_task, stage_task
@@ -34,7 +35,9 @@ def _examples_path(config: PipelineConfig, examples: dict) -> Path:
 
 @stage_task("hidden_states", retries=1)  # a killed worker: finished shards are kept
 def hidden_states(config: PipelineConfig, examples: dict, refresh: bool = False) -> dict:
-    return run_stage_task("hidden_states", config, {"examples": examples}, refresh=refresh)
+    return run_stage_task(
+        "hidden_states", hidden_states_body.run, config, {"examples": examples}, refresh=refresh
+    )
 
 
 @task(name="hidden_states_plan", task_run_name="hidden_states_plan[{config.name}]")

@@ -1,9 +1,10 @@
-"""The train stage as a Prefect task (its work: `eaglet.stage_bodies.train`). Training state
+"""The train stage as a Prefect task (its work: `train_body.run`). Training state
 lives in the stage's partial folder, so a retry resumes from the last checkpoint."""
 
 from __future__ import annotations
 
 from eaglet.config import PipelineConfig
+from eaglet.stage_bodies import train as train_body
 from eaglet_prefect.tasks.caching import run_stage_task, stage_task
 
 
@@ -23,4 +24,4 @@ def train(
             f"{'examples' if online else 'features'} stage output"
         )
     inputs = {"examples": examples} if online else {"features": features}
-    return run_stage_task("train", config, inputs, refresh=refresh)
+    return run_stage_task("train", train_body.run, config, inputs, refresh=refresh)

@@ -17,8 +17,8 @@ from prefect.settings import (  # noqa: E402
     temporary_settings,
 )
 
+from eaglet.stage_bodies.every_stage import run_stage_without_prefect  # noqa: E402
 from eaglet.stage_context import PlainContext  # noqa: E402
-from eaglet.stage_runner import run_stage_body  # noqa: E402
 from eaglet.storage import Manifest, stage_folder  # noqa: E402
 from eaglet_prefect.tasks.hidden_states import map_hidden_state_shards  # noqa: E402
 from tests.conftest import SharedPrefectServer  # noqa: E402
@@ -50,7 +50,7 @@ def finish(config, examples: dict) -> Manifest:
     """The hidden_states stage body (no Prefect task around it): with task_runner dask it
     verifies and indexes the shards the mapped tasks built."""
     inputs = {"examples": Manifest.model_validate(examples)}
-    return run_stage_body("hidden_states", config, inputs, PlainContext())
+    return run_stage_without_prefect("hidden_states", config, inputs, PlainContext())
 
 
 def shard_bytes(folder: Path) -> dict[str, bytes]:

@@ -17,9 +17,9 @@ from eaglet.cache import stage_key
 from eaglet.config import load_config
 from eaglet.hidden_states.backends.hf import HFBackend
 from eaglet.records.examples import Example
+from eaglet.stage_bodies.every_stage import run_stage_without_prefect
 from eaglet.stage_context import PlainContext
 from eaglet.stage_reasons import reuse_estimate
-from eaglet.stage_runner import run_stage_body
 from eaglet.stages import EXAMPLES_FILE
 from eaglet.storage import StageOutput, run_stage
 
@@ -84,7 +84,7 @@ def test_a_fix_that_changes_k_examples_recomputes_the_features_of_those_k_only(
     overrides = [f"target.model={fixture_model_dir}", "hidden_states.shard_tokens=256"]
     config = load_config(None, [f"work_dir={tmp_path / 'work'}", *overrides])
     before = extract_folder(tmp_path / "work", examples(12), "e1")
-    first = run_stage_body("hidden_states", config, {"examples": before}, PlainContext())
+    first = run_stage_without_prefect("hidden_states", config, {"examples": before}, PlainContext())
     assert len(computed) == 12 and first.info["reused_samples"] == 0
 
     computed.clear()
@@ -95,7 +95,7 @@ def test_a_fix_that_changes_k_examples_recomputes_the_features_of_those_k_only(
     estimate = reuse_estimate("hidden_states", config, tmp_path / "work" / after.path, folder)
     assert estimate == (9, 3)
     lines: list[str] = []
-    second = run_stage_body(
+    second = run_stage_without_prefect(
         "hidden_states", config, {"examples": after}, PlainContext(lines.append)
     )
     assert second.key != first.key
@@ -106,7 +106,7 @@ def test_a_fix_that_changes_k_examples_recomputes_the_features_of_those_k_only(
     # A full recompute of the same examples in a fresh work dir stores the same bytes.
     fresh = load_config(None, [f"work_dir={tmp_path / 'fresh'}", *overrides])
     whole = extract_folder(tmp_path / "fresh", examples(12, changed), "e2")
-    full = run_stage_body("hidden_states", fresh, {"examples": whole}, PlainContext())
+    full = run_stage_without_prefect("hidden_states", fresh, {"examples": whole}, PlainContext())
     assert stored(tmp_path / "work" / second.path) == stored(tmp_path / "fresh" / full.path)
     assert second.files == full.files  # every shard byte-equal: later stages stay Cached
     assert second.output_hash() == full.output_hash()
@@ -116,9 +116,9 @@ def test_other_layers_reuse_nothing(tmp_path, fixture_model_dir):
     overrides = [f"work_dir={tmp_path / 'work'}", f"target.model={fixture_model_dir}"]
     config = load_config(None, overrides)
     rows = extract_folder(tmp_path / "work", examples(4), "e1")
-    run_stage_body("hidden_states", config, {"examples": rows}, PlainContext())
+    run_stage_without_prefect("hidden_states", config, {"examples": rows}, PlainContext())
     other = load_config(None, [*overrides, "hidden_states.aux_layer_ids=[0, 1, 2]"])
-    again = run_stage_body("hidden_states", other, {"examples": rows}, PlainContext())
+    again = run_stage_without_prefect("hidden_states", other, {"examples": rows}, PlainContext())
     assert again.info["reused_samples"] == 0 and again.info["computed_samples"] == 4
 
 
@@ -170,8 +170,8 @@ def test_a_change_to_one_sources_prompts_regenerates_only_that_source(tmp_path, 
             sent = requests_served(url)
             for stage, output in (("download", "samples"), ("tokenize", "prompts")):
                 inputs = {"samples": outputs["samples"]} if stage == "tokenize" else {}
-                outputs[output] = run_stage_body(stage, config, inputs, PlainContext())
-            manifest = run_stage_body(
+                outputs[output] = run_stage_without_prefect(stage, config, inputs, PlainContext())
+            manifest = run_stage_without_prefect(
                 "generate", config, {"prompts": outputs["prompts"]}, PlainContext()
             )
             return manifest, requests_served(url) - sent

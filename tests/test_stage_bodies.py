@@ -19,7 +19,7 @@ RUN_WITHOUT_PREFECT = r"""
 import json, sys
 from eaglet.config import load_config
 from eaglet.stage_context import PlainContext
-from eaglet.stage_runner import run_stage_body
+from eaglet.stage_bodies.every_stage import run_stage_without_prefect
 from eaglet.stages import STAGE_LIST
 
 config = load_config(None, json.loads(sys.argv[1]))
@@ -30,7 +30,7 @@ for _ in range(2):
         if not spec.runs(config):
             continue
         inputs = {name: outputs[name] for name in spec.inputs(config)}
-        outputs[spec.output] = run_stage_body(spec.name, config, inputs, context)
+        outputs[spec.output] = run_stage_without_prefect(spec.name, config, inputs, context)
         manifests[spec.name] = outputs[spec.output].model_dump()
     passes.append({"manifests": manifests, "artifacts": [
         {k: a[k] for k in ("kind", "key", "description")}
@@ -105,6 +105,42 @@ def test_the_flow_the_cli_and_the_form_take_the_stages_from_the_declarations():
     assert set(json.dumps(until).split('"')) >= set(STAGES)
 
 
+def test_the_flow_refuses_a_task_list_that_is_not_the_stage_list():
+    from eaglet_prefect.flows.pipeline import TASKS, tasks_in_stage_order
+
+    tasks = list(TASKS.values())
+    assert tasks_in_stage_order(*tasks) == TASKS
+    for wrong in (tasks[:-1], tasks[1:2] + tasks[:1] + tasks[2:], tasks + tasks[:1]):
+        with pytest.raises(ValueError, match="import each stage's task"):
+            tasks_in_stage_order(*wrong)
+
+
+def test_each_body_is_keyed_with_its_stage_and_another_stages_body_is_refused(tmp_path):
+    """Flow → task → body are imports: each stage's body (the one its task module imports, and
+    `every_stage`'s) is in the stage's code key, in no other stage's, and `run_stage_body`
+    refuses a body its stage's key does not cover before it runs anything."""
+    from eaglet.cache import stage_modules
+    from eaglet.config import load_config
+    from eaglet.stage_bodies.every_stage import BODIES
+    from eaglet.stage_context import PlainContext
+    from eaglet.stage_runner import run_stage_body
+    from eaglet_prefect.flows.pipeline import TASKS
+
+    assert tuple(BODIES) == STAGES
+    config = load_config(None, [f"work_dir={tmp_path / 'work'}"])
+    for stage in STAGES:
+        task_globals = TASKS[stage].fn.__globals__
+        assert BODIES[stage] in [getattr(v, "run", None) for v in task_globals.values()], stage
+        keyed = [other for other in STAGES if BODIES[stage].__module__ in stage_modules(other)]
+        assert keyed == [stage], stage
+    assert "eaglet.stage_bodies.every_stage" not in {
+        module for stage in STAGES for module in stage_modules(stage, config)
+    }
+    with pytest.raises(ValueError, match="is not part of the stage's code key"):
+        run_stage_body("tokenize", BODIES["download"], config, {}, PlainContext())
+    assert not (tmp_path / "work").exists()  # refused before anything was written
+
+
 def test_a_cache_neutral_field_never_changes_a_key_and_a_keyed_one_does():
     from eaglet.cache import stage_config
     from eaglet.config import is_cache_neutral
@@ -130,7 +166,6 @@ WORD_COUNT_STAGE = """    Stage(
         reads=("samples",),
         files=("word_counts.jsonl",),
         keyed_by=("datasets",),
-        body="eaglet.stage_bodies.word_count:run",
     ),
 """
 
@@ -157,12 +192,14 @@ def run(ctx, config, inputs, folder):
 
 WORD_COUNT_TASK = '''"""The word_count stage as a Prefect task."""
 
+from eaglet.stage_bodies import word_count as word_count_body
 from eaglet_prefect.tasks.caching import run_stage_task, stage_task
 
 
 @stage_task("word_count")
 def word_count(config, samples: dict, refresh: bool = False) -> dict:
-    return run_stage_task("word_count", config, {"samples": samples}, refresh=refresh)
+    body = word_count_body.run
+    return run_stage_task("word_count", body, config, {"samples": samples}, refresh=refresh)
 '''
 
 
@@ -170,8 +207,9 @@ def word_count(config, samples: dict, refresh: bool = False) -> dict:
 def test_a_new_stage_is_its_declaration_and_its_own_modules(
     tmp_path, fixture_model_dir, sample_data_dir
 ):
-    """Adding a stage, in a copy of the project: one entry in the stage list, its body and its
-    task, nothing else edited; it runs in the flow, is keyed, and shows in inspect."""
+    """Adding a stage, in a copy of the project: one entry in the stage list, its body, its
+    task, and the task imported and listed in the flow, nothing else edited; it runs in the
+    flow, is keyed (its body with it), and shows in inspect."""
     from tests.pipeline_helpers import copy_project, stage_states
 
     project = copy_project(tmp_path / "project")
@@ -181,6 +219,15 @@ def test_a_new_stage_is_its_declaration_and_its_own_modules(
     stages_py.write_text(stages_py.read_text().replace(anchor, anchor + WORD_COUNT_STAGE))
     (project / "eaglet" / "stage_bodies" / "word_count.py").write_text(WORD_COUNT_BODY)
     (project / "tasks" / "word_count.py").write_text(WORD_COUNT_TASK)
+    flow_py = project / "flows" / "pipeline.py"
+    listed = "TASKS = tasks_in_stage_order(download, tokenize,"
+    imported = "from eaglet_prefect.tasks.train import train\n"
+    assert flow_py.read_text().count(listed) == 1 and flow_py.read_text().count(imported) == 1
+    flow_py.write_text(
+        flow_py.read_text()
+        .replace(listed, "TASKS = tasks_in_stage_order(download, word_count, tokenize,")
+        .replace(imported, imported + "from eaglet_prefect.tasks.word_count import word_count\n")
+    )
 
     work_dir = tmp_path / "work"
     overrides = small_run_overrides(work_dir, fixture_model_dir, sample_data_dir)
@@ -196,6 +243,7 @@ def test_a_new_stage_is_its_declaration_and_its_own_modules(
     manifest = json.loads(folder.read_text())
     assert manifest["counts"]["records"] == samples
     assert "datasets" in manifest["config"]  # keyed by what it declared
+    assert "eaglet.stage_bodies.word_count" in manifest["code_modules"]  # and by its body
     assert len((folder.parent / "word_counts.jsonl").read_text().splitlines()) == samples
 
     second = run_cli(args, cwd=project)

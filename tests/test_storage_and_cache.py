@@ -141,7 +141,7 @@ def test_a_task_module_reached_through_the_link_or_as_a_folder_keys_the_same(tmp
     shutil.copytree(cache.ROOT / "eaglet", wheel / "eaglet", ignore=shutil.ignore_patterns("*.pyc"))
     shutil.copytree(cache.ROOT / "tasks", wheel / "eaglet_prefect" / "tasks")
     for stage in STAGES:
-        roots = (cache.STAGE[stage].body.partition(":")[0], f"eaglet_prefect.tasks.{stage}")
+        roots = (cache.task_module(stage),)
         hashes = {
             root: {m: cache.module_source_hash(m, root) for m in cache.import_closure(roots, root)}
             for root in (cache.ROOT, wheel)

@@ -13,8 +13,8 @@ import pytest
 from eaglet.cache import model_fingerprint
 from eaglet.config import load_config
 from eaglet.records.io import repair_jsonl
+from eaglet.stage_bodies.every_stage import run_stage_without_prefect
 from eaglet.stage_context import PlainContext
-from eaglet.stage_runner import run_stage_body
 from eaglet.storage import SealError, StageOutput, run_stage
 from eaglet.work_dir_status import inspect_work_dir
 
@@ -60,7 +60,9 @@ def test_stages_of_a_work_dir_inside_the_model_folder_are_reused(
         outputs, manifests = {}, {}
         for stage, output in (("download", "samples"), ("tokenize", "prompts")):
             inputs = {"samples": outputs["samples"]} if stage == "tokenize" else {}
-            outputs[output] = run_stage_body(stage, config, inputs, PlainContext(lambda _: None))
+            outputs[output] = run_stage_without_prefect(
+                stage, config, inputs, PlainContext(lambda _: None)
+            )
             manifests[stage] = outputs[output]
         passes.append(manifests)
     for stage in ("download", "tokenize"):
