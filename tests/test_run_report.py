@@ -203,7 +203,7 @@ def test_a_resumable_stage_declares_what_a_rerun_keeps_and_the_report_says_it():
         note = failure_note(spec.name, entry, None)
         if spec.resumes:
             assert spec.resume_note and f"this stage {spec.resume_note}." in note, spec.name
-    declared = {"output": "o", "reads": (), "files": (), "keyed_by": (), "body": "m:f"}
+    declared = {"output": "o", "reads": (), "files": (), "keyed_by": ()}
     with pytest.raises(ValueError, match="resume_note"):
         Stage(name="s", resumes=True, **declared)
     with pytest.raises(ValueError, match="resume_note"):
