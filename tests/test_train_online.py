@@ -98,6 +98,7 @@ def drafts(world):
     return offline, online
 
 
+@pytest.mark.slow  # with the next: two drafts trained 96 steps each, about 30 s of the fast suite
 def test_online_draft_matches_offline_draft(drafts, world):
     offline, online = drafts
     assert online["hidden_states"] == "online" and offline["hidden_states"] == "offline"
@@ -119,6 +120,7 @@ def test_online_draft_matches_offline_draft(drafts, world):
     assert taus["online"] == pytest.approx(taus["offline"], rel=0.02)
 
 
+@pytest.mark.slow
 def test_killed_online_run_resumes_at_the_same_data_position(drafts, world, monkeypatch):
     out = world / "resumed"
 
