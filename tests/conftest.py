@@ -192,16 +192,32 @@ def _stop_shared_prefect_server():
     SharedPrefectServer.stop()
 
 
-def cli_env(cwd: Path, env: dict[str, str | None] | None = None) -> dict[str, str]:
+def cli_env(
+    cwd: Path, env: dict[str, str | None] | None = None, prefect: bool = True
+) -> dict[str, str]:
     """The environment of an `eaglet` process a test starts: this one's, the session's
-    Prefect server, a Prefect home in `cwd`, then `env` (a None value removes a variable)."""
+    Prefect server (`prefect`: for a command that talks to Prefect; started on first use,
+    about 10 s, and only then), a Prefect home in `cwd`, then `env` (a None value removes a
+    variable). Without `prefect` no API URL is set: a command that still made a flow run would
+    start Prefect's temporary server, slower, never a user's server."""
+    env = env or {}
+    wanted = prefect and "PREFECT_API_URL" not in env
     full_env = {
         **os.environ,
         "PREFECT_HOME": str(cwd / ".prefect-home"),
-        "PREFECT_API_URL": SharedPrefectServer.api_url(),
-        **(env or {}),
+        "PREFECT_API_URL": SharedPrefectServer.api_url() if wanted else None,
+        **env,
     }
     return {key: value for key, value in full_env.items() if value is not None}
+
+
+# `eaglet` commands that never talk to a Prefect API (no flow run, deployment or block: a
+# `doctor` may read a Secret block), and `run --plan`
+OFFLINE_COMMANDS = {"inspect", "gc", "fixture-model"}
+
+
+def uses_prefect(args: list[str]) -> bool:
+    return not (args and (args[0] in OFFLINE_COMMANDS or (args[0] == "run" and "--plan" in args)))
 
 
 def run_cli(
@@ -212,7 +228,7 @@ def run_cli(
     return subprocess.run(
         [sys.executable, "-m", "eaglet_prefect.flows.cli", *args],
         cwd=cwd,
-        env=cli_env(cwd, env),
+        env=cli_env(cwd, env, prefect=uses_prefect(args)),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -455,6 +455,30 @@ def test_a_test_that_bounds_seconds_is_marked_serial():
     assert offenders == {}
 
 
+def holds_a_serial_test(tree: ast.Module) -> bool:
+    """A `serial` mark anywhere in a module: its `pytestmark`, a class's or a function's."""
+    decorated = [
+        node.decorator_list
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+    ]
+    return marks_serial(module_pytestmark(tree.body)) or any(map(marks_serial, decorated))
+
+
+def test_make_finds_every_module_that_holds_a_serial_test():
+    """`make test` and `make test-fast` collect the serial part from the modules their grep
+    finds (`SERIAL_FILES`); a module it missed would have its serial tests run by neither part."""
+    import re
+
+    makefile = (ROOT / "Makefile").read_text()
+    (pattern,) = re.findall(r"^SERIAL_FILES = \$\(shell grep -rlE '([^']+)' tests", makefile, re.M)
+    assert makefile.count("-m serial --durations=10 $(SERIAL_FILES)") == 1
+    assert makefile.count('-m "$(FAST) and serial" $(SERIAL_FILES)') == 1
+    holding = {n for n in TEST_MODULES if holds_a_serial_test(ast.parse(TEST_FILES[n].read_text()))}
+    found = {n for n in TEST_MODULES if re.search(pattern, TEST_FILES[n].read_text())}
+    assert holding and holding <= found, sorted(holding - found)
+
+
 CLOCK_BOUNDS = """
 import time
 import pytest

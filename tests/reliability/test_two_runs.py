@@ -30,7 +30,7 @@ from tests.reliability.conftest import (
 from tests.reliability.run_helpers import disk_signature, run_args
 from tests.work_dir_lock_helpers import hold_in_another_process
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+pytestmark = pytest.mark.slow  # no clock bound: beside other tests (each run's own marker)
 
 POLL_S = 0.005
 RUN_TIMEOUT_S = 900
