@@ -27,15 +27,18 @@ lint: install
 
 # The tests' fixture model is the demo's (same seed 0) once `make demo` built it; otherwise it
 # builds (about 4 min of one core) beside the vLLM venv's install and is handed to the tests
-# (tests/conftest.py reuses EAGLET_TEST_FIXTURE_MODEL). The suite runs on $(WORKERS) pytest-xdist
-# workers (a module's tests stay on one worker, so a module's vLLM server starts once), then the
+# (tests/conftest.py reuses EAGLET_TEST_FIXTURE_MODEL). The suite runs on $(SUITE_WORKERS)
+# pytest-xdist workers (a module's tests stay on one worker, so a module's vLLM server starts
+# once; one more worker than the two cores, as many tests wait on servers they started: 1,169 s
+# against 1,257 s with two, 2026-12-05), then the
 # tests marked `serial` (they bound seconds, or load every CPU on purpose) run alone; that
 # pytest collects only the modules holding a `mark.serial` ($(SERIAL_FILES); about 10 s less
 # than collecting the whole suite again; tests/test_architecture.py checks the list is whole).
 DEMO_MODEL := runs/demo/models/fixture
 SERIAL_FILES = $(shell grep -rlE 'mark\.serial' tests --include='test_*.py' | sort)
 WORKERS ?= 2
-PARALLEL := -n $(WORKERS) --dist loadfile
+SUITE_WORKERS ?= 3
+PARALLEL := -n $(SUITE_WORKERS) --dist loadfile
 DEMO_FIXTURE = $(if $(wildcard $(DEMO_MODEL)/model.safetensors),EAGLET_TEST_FIXTURE_MODEL=$(CURDIR)/$(DEMO_MODEL))
 test:
 	@log="$$(mktemp -d)"; fixture="$$log/fixture-model"; \
