@@ -30,7 +30,9 @@ from tests.reliability.conftest import (
 from tests.reliability.run_helpers import disk_signature, run_args
 from tests.work_dir_lock_helpers import hold_in_another_process
 
-pytestmark = pytest.mark.slow  # no clock bound: beside other tests (each run's own marker)
+# serial: the second runs race a first run of about 16 s, one per stage; on a loaded machine the
+# first ended before the race reached its last stages (CI, 3 workers, 2026-12-05)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 POLL_S = 0.005
 RUN_TIMEOUT_S = 900
