@@ -30,10 +30,10 @@ lint: install
 # (tests/conftest.py reuses EAGLET_TEST_FIXTURE_MODEL). The suite runs on $(SUITE_WORKERS)
 # pytest-xdist workers (a module's tests stay on one worker, so a module's vLLM server starts
 # once; one more worker than the two cores, as many tests wait on servers they started: 1,169 s
-# against 1,257 s with two, 2026-12-05), then the
-# tests marked `serial` (they bound seconds, race a run, or load every CPU) run alone; that
-# pytest collects only the modules holding a `mark.serial` ($(SERIAL_FILES); about 10 s less
-# than collecting the whole suite again; tests/test_architecture.py checks the list is whole).
+# against 1,257 s with two, 2026-12-05), then the tests marked `serial` (they bound seconds,
+# race a run, or load every CPU) run alone; that pytest collects only the modules holding a
+# `mark.serial` ($(SERIAL_FILES); about 10 s less than collecting the whole suite again;
+# tests/test_architecture.py checks the list is whole).
 DEMO_MODEL := runs/demo/models/fixture
 SERIAL_FILES = $(shell grep -rlE 'mark\.serial' tests --include='test_*.py' | sort)
 WORKERS ?= 2

@@ -7,6 +7,7 @@ asserts on a clock difference is marked `serial`."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -468,8 +469,6 @@ def holds_a_serial_test(tree: ast.Module) -> bool:
 def test_make_finds_every_module_that_holds_a_serial_test():
     """`make test` and `make test-fast` collect the serial part from the modules their grep
     finds (`SERIAL_FILES`); a module it missed would have its serial tests run by neither part."""
-    import re
-
     makefile = (ROOT / "Makefile").read_text()
     (pattern,) = re.findall(r"^SERIAL_FILES = \$\(shell grep -rlE '([^']+)' tests", makefile, re.M)
     serial_runs = [

@@ -827,31 +827,14 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
     artifacts = ROOT / "tests" / "artifacts"
     artifacts.mkdir(exist_ok=True)
 
-    def runs_of(deployment: str) -> list[dict]:
-        return client.post(
-            "/flow_runs/filter",
-            json={"deployments": {"id": {"any_": [served.deployments[deployment]]}}},
-        ).json()
-
-    seen = {r["id"] for r in runs_of("pipeline-short-form")}  # earlier tests' runs
-
-    def new_run(deployment: str):
-        def submitted():
-            return next((r for r in runs_of(deployment) if r["id"] not in seen), None)
-
-        run = _wait_for(submitted, 60, f"a new run of {deployment}")
-        seen.add(run["id"])
-        return run
-
     with sync_playwright() as playwright:
         context, page = _browser(playwright, tmp_path, base)
         # 1. trigger from the short form; the run page shows progress lines as they come
         _open_custom_run(page, base, "pipeline-short-form")
         _fill_short_form(page, fields)
-        _submit_run_form(page)
+        run = _submit_run_form(page)
         submitted_at = time.monotonic()
         page.get_by_text("scheduled to start").last.wait_for()
-        run = new_run("pipeline-short-form")
         page.goto(f"{base}/runs/flow-run/{run['id']}")
         # the first sign of life: the flow's own first line (the short form's settings)
         page.get_by_text("short form over").first.wait_for(timeout=180_000)
@@ -877,9 +860,9 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
         _open_custom_run(page, base, "pipeline-short-form")
         _fill_short_form(page, fields)
         page.screenshot(path=str(artifacts / "journey-again-form.png"), full_page=True)
-        _submit_run_form(page)
+        again = _submit_run_form(page)
         page.get_by_text("scheduled to start").last.wait_for()
-        again, again_tasks = _finished(client, new_run("pipeline-short-form")["id"])
+        again, again_tasks = _finished(client, again["id"])
         assert _states(again_tasks, "journey") == dict.fromkeys(STAGES, "Cached")
         page.goto(f"{base}/runs/flow-run/{again['id']}")
         page.get_by_text("Finished in state Cached").first.wait_for()
@@ -896,7 +879,6 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
             json={"parameters": dead},
         )
         failed, _ = _finished(client, response.json()["id"])
-        seen.add(failed["id"])
         assert failed["state"]["type"] == "FAILED"
         page.goto(f"{base}/runs/flow-run/{failed['id']}")
         page.locator(".state-badge", has_text="Failed").first.wait_for()
@@ -912,7 +894,6 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
                 json={"parameters": parameters},
             )
             response.raise_for_status()
-            seen.add(response.json()["id"])
             return response.json()["id"]
 
         # a fresh work dir, so the first run takes a while (it generates) and the second waits
