@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from eaglet.cache import model_fingerprint
+from eaglet.fingerprints import model_fingerprint
 from eaglet.fixture.corpus import generate_conversations, prompt_and_target
 from eaglet.fixture.sample_data import write_sample_data
 from eaglet.fixture.tokenizer import (
