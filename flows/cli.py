@@ -297,9 +297,9 @@ def _doctor_canary(config: PipelineConfig, tokenizer: Any) -> list[str]:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    """List the stage folders no run uses any more and their sizes; remove them with --yes."""
+    """List the stage folders nothing uses any more and their sizes; remove them with --yes."""
     from eaglet.hidden_states.budget import human
-    from eaglet.work_dir_gc import remove, superseded_folders
+    from eaglet.work_dir_gc import NothingKnownInUse, remove, survey
 
     work_dir = Path(args.work_dir)
     if not work_dir.is_dir() or not is_work_dir(work_dir):
@@ -307,20 +307,26 @@ def cmd_gc(args: argparse.Namespace) -> int:
         return 2
     with work_dir_lock.held(work_dir):  # never while a run uses the work dir
         try:
-            folders = superseded_folders(work_dir)
-        except ValueError as exc:
+            found = survey(work_dir)
+        except NothingKnownInUse as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        for line in found.notes + found.held:
+            print(f"note: {line}")
+        for line in found.not_followed:
+            print(f"not followed (a symlink): {line}")
+        folders = found.superseded
         total = sum(f.bytes for f in folders)
         for item in folders:
             print(f"  {human(item.bytes):>10}  {item.folder.relative_to(work_dir)}")
+        kept = f"{found.kept} folders in use kept (the current config's keys, the last run's)"
         if not folders:
-            print(f"nothing to free in {work_dir}: every stage folder is the last run's")
+            print(f"nothing to free in {work_dir}: {kept}")
         elif not args.yes:
-            print(f"{len(folders)} folders, {human(total)}: the last run used none of them; "
-                  "run again with --yes to remove them")  # fmt: skip
+            print(f"{len(folders)} folders, {human(total)}, that nothing uses; {kept}. Run "
+                  "again with --yes to remove them")  # fmt: skip
         else:
-            print(f"removed {len(folders)} folders, freed {human(remove(folders))}")
+            print(f"removed {len(folders)} folders, freed {human(remove(folders, work_dir))}")
     return 0
 
 

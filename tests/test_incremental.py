@@ -14,16 +14,15 @@ from pathlib import Path
 import pytest
 
 from eaglet import cache
-from eaglet.config import TargetConfig, load_config
+from eaglet.config import TargetConfig
 from eaglet.engines.base import SamplingParams
 from eaglet.engines.local import LocalEngine
 from eaglet.records.io import sort_jsonl
-from eaglet.stage_bodies.every_stage import run_stage_without_prefect
-from eaglet.stage_context import PlainContext
-from eaglet.stages import REPORT_FILE, STAGE_LIST, STAGES
+from eaglet.stages import REPORT_FILE, STAGES
 from eaglet.storage import Manifest
 from eaglet.target import load_tokenizer
 from tests.engine_helpers import fixture_prompts
+from tests.pipeline_helpers import run_every_stage, small_pipeline
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -107,42 +106,16 @@ CHANGES = [edit_a_row, edit_the_template, change_batch_size, change_a_keyed_sett
 CHANGES.append(edit_code_keeping_output)
 
 
-def small_config(state: dict, work_dir: Path):
-    data = state["data"]
-    overrides = [
-        f"work_dir={work_dir}",
-        f"target.model={state['target']}",
-        f"datasets=[{{source: arith, path: {data / 'arith.jsonl'}, limit: 8}}, "
-        f"{{source: tools, path: {data / 'tools.jsonl'}, limit: 4}}]",
-        "generation.max_tokens=48",
-        "generation.temperature=0.7",
-        "reasoning.min_capture_rate=0",
-        "reasoning.max_truncation_rate=1",
-        "train.epochs=1",
-        "train.holdout_fraction=0.25",
-        "evaluate.max_prompts=2",
-        "evaluate.max_new_tokens=16",
-        "evaluate.sets=[]",
-        *(f"{key}={value}" for key, value in state["overrides"].items()),
-    ]
-    return load_config(None, overrides)
-
-
-def run_every_stage(state: dict, work_dir: Path, monkeypatch) -> dict[str, Manifest]:
+def run_with(state: dict, work_dir: Path, monkeypatch) -> dict[str, Manifest]:
+    """Every stage of the small pipeline on `state`, its code edits in place."""
     real_hash = cache.module_source_hash
     edited = dict(state["edited"])
     monkeypatch.setattr(
         cache, "module_source_hash",
         lambda module, root=cache.ROOT: edited.get(module) or real_hash(module, root),
     )  # fmt: skip
-    config = small_config(state, work_dir)
-    outputs: dict[str, Manifest] = {}
-    manifests = {}
-    for spec in STAGE_LIST:
-        inputs = {name: outputs[name] for name in spec.inputs(config)}
-        manifest = run_stage_without_prefect(spec.name, config, inputs, PlainContext(print))
-        outputs[spec.output] = manifests[spec.name] = manifest
-    return manifests
+    overrides = [f"{key}={value}" for key, value in state["overrides"].items()]
+    return run_every_stage(small_pipeline(work_dir, state["target"], state["data"], *overrides))
 
 
 def figures(work_dir: Path, manifest: Manifest) -> dict:
@@ -170,12 +143,12 @@ def test_after_random_changes_an_incremental_run_writes_what_a_fresh_run_writes(
     shutil.copytree(fixture_model_dir, state["target"])
     shutil.copytree(sample_data_dir, state["data"])
     work = tmp_path / "incremental"
-    run_every_stage(state, work, monkeypatch)
+    run_with(state, work, monkeypatch)
     reused = 0
     for step, change in enumerate(rng.sample(CHANGES, 4)):
         said = change(state, rng)
-        incremental = run_every_stage(state, work, monkeypatch)
-        fresh = run_every_stage(state, tmp_path / f"fresh-{step}", monkeypatch)
+        incremental = run_with(state, work, monkeypatch)
+        fresh = run_with(state, tmp_path / f"fresh-{step}", monkeypatch)
         differ = [
             stage
             for stage in incremental
