@@ -171,21 +171,35 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_plan(config: PipelineConfig, until: str, refresh_from: str | None) -> None:
-    """`eaglet run --plan`: per stage, Cached or why it runs; nothing runs, no lock taken."""
+def print_plan(config: PipelineConfig, until: str, refresh_from: str | None) -> int:
+    """`eaglet run --plan`: the preflight and the lock first, as the run meets them, then per
+    stage Cached or why it runs; nothing runs, no lock taken. 2 when the preflight would
+    refuse the run (then no stage would run, and none is listed)."""
+    from eaglet.preflight import preflight
     from eaglet.stage_reasons import plan_run
 
     print(f"plan for {config.work_dir} (nothing runs):")
+    report = preflight(config, until)
+    if report.problems:
+        print("preflight: the run would be refused before any stage:")
+        for problem in report.problems:
+            print(f"  problem: {problem}")
+        return 2
+    print("preflight: ok")
+    if work_dir_lock.is_held(config.work_dir):
+        holder = work_dir_lock.describe(work_dir_lock.read_holder(config.work_dir))
+        print(f"lock: another run holds the work dir now ({holder}): `eaglet run` would exit "
+              f"{WORK_DIR_LOCKED_EXIT} at once, a run from the UI would wait for it")  # fmt: skip
     for stage in plan_run(config, until, refresh_from):
         print(stage.line())
+    return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     started = time.time()
     config = load_config(args.config, args.set)
     if args.plan:
-        print_plan(config, args.until, args.refresh_from)
-        return 0
+        return print_plan(config, args.until, args.refresh_from)
     args.run_started, args.loaded_config = started, config  # for main's error report
     with work_dir_lock.held(config.work_dir):  # a second run fails here, before any start-up
         result = _run_pipeline(config, args.until, args.refresh_from, args.retry_failed)
