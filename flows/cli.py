@@ -21,6 +21,7 @@ from eaglet import work_dir_lock
 from eaglet.config import ConfigError, PipelineConfig, load_config
 from eaglet.draft.sampled import sampled_text
 from eaglet.draft.segments import segments_text
+from eaglet.eval_sets import EvalSetError
 from eaglet.fixture.demo import ensure_demo_inputs
 from eaglet.fixture.real_shape import SHAPES as REAL_SHAPES
 from eaglet.fixture.real_tokenizers import TOKENIZERS as REAL_TOKENIZERS
@@ -212,14 +213,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     """τ of any draft folder (eaglet's exports, speculators' layout, a vLLM EAGLE-3, P-EAGLE or
     DFlash checkpoint) on the config's evaluation sets, without training: a published draft
-    and your own side by side on the same prompts (the same sha256)."""
+    and your own side by side on the same prompts (the same sha256). A draft that cannot be
+    scored (not a draft, weights cut short, NaN or inf in them) is refused in one line."""
     from eaglet.draft.set_evaluation import evaluate_sets
+    from eaglet.preflight.train import draft_folder_problem
     from eaglet.target import end_token_ids, load_tokenizer
 
     config = load_config(args.config, args.set)
     draft = Path(args.draft)
-    if not (draft / "config.json").is_file():
-        print(f"error: {draft} holds no config.json: give a draft folder", file=sys.stderr)
+    problem = draft_folder_problem(draft)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if args.config is None and not Path(config.target.model).exists():
+        print(f"error: no --config, and the demo's target {config.target.model} is not "
+              "here (run `eaglet demo` first, or give --config CONFIG.yaml)",
+              file=sys.stderr)  # fmt: skip
         return 2
     if not config.evaluate.sets:
         print("error: no evaluate.sets to measure: --set 'evaluate.sets=[{name: gsm8k, "
@@ -227,18 +236,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 2
     tokenizer = load_tokenizer(config.target)
     eos = end_token_ids(config.target, tokenizer)
-    report = evaluate_sets(
-        config.evaluate.sets, draft, config.target, tokenizer, config.evaluate,
-        config.tokenize.chat_template_kwargs, eos, progress=print,
-    )  # fmt: skip
+    try:
+        report = evaluate_sets(
+            config.evaluate.sets, draft, config.target, tokenizer, config.evaluate,
+            config.tokenize.chat_template_kwargs, eos, progress=print,
+        )  # fmt: skip
+    except (EvalSetError, KeyError, ValueError, RuntimeError, OSError) as exc:
+        print(f"error: {draft} cannot be scored against {config.target.model}: "
+              f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else exc!r}",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if args.json:
         print(json.dumps({"draft": str(draft.resolve()), "sets": report}, indent=2))
         return 0
     print(f"draft {draft.resolve()} ({next(iter(report.values()))['method']})")
     for name, figures in report.items():
+        skipped = f", {len(figures['skipped'])} over the context left out" * bool(
+            figures.get("skipped")
+        )
         print(
             f"  {name:<12} τ {figures['tau']:.3f}  emitted τ {figures['emitted_tau']:.3f}  "
-            f"{figures['rounds']} rounds, {figures['prompts']} prompts, k "
+            f"{figures['rounds']} rounds, {figures['prompts']} prompts{skipped}, k "
             f"{figures['num_speculative_tokens']}, sha256 {figures['prompts_sha256'][:16]}"
         )
     return 0

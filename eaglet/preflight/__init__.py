@@ -105,9 +105,9 @@ def preflight(config: PipelineConfig, until: str = STAGES[-1]) -> PreflightRepor
     `until`: the last stage the run will run (checks of later stages are left out)."""
     report = PreflightReport()
     rows = check_datasets(config, report)
-    if any(STAGE[stage].evaluates for stage in STAGES[: STAGES.index(until) + 1]):
+    evaluates = any(STAGE[stage].evaluates for stage in STAGES[: STAGES.index(until) + 1])
+    if evaluates:
         check_holdout(config, rows, report)
-        check_eval_sets(config, report)
     check_work_dir(config, report)
     check_vllm_python(config, report)
     check_devices(config, report)
@@ -115,6 +115,8 @@ def preflight(config: PipelineConfig, until: str = STAGES[-1]) -> PreflightRepor
     check_endpoints(config, report)
     load_target(config, report)
     model_config, tokenizer = report.model_config, report.tokenizer
+    if evaluates:
+        check_eval_sets(config, report, model_config)
     if model_config is not None:
         check_layers(config, model_config, report)
         check_method(config, model_config, report)

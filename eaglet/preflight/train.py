@@ -44,7 +44,7 @@ def check_method(config: PipelineConfig, model_config: Any, report: PreflightRep
         report.passed.append(f"train.method={method.name}: its settings fit this target")
 
 
-def _non_finite_tensor(path: Path) -> str | None:
+def non_finite_tensor(path: Path) -> str | None:
     """The first tensor of a safetensors file holding NaN or infinity, named; None if none."""
     import torch
     from safetensors import SafetensorError, safe_open
@@ -58,6 +58,44 @@ def _non_finite_tensor(path: Path) -> str | None:
                     return f"{path}: tensor {name} holds {bad} NaN or infinite value(s)"
     except (SafetensorError, OSError) as exc:
         return f"{path}: not a readable safetensors file ({first_line(exc)})"
+    return None
+
+
+# What a draft's config.json holds and a target's does not (eaglet's exports, speculators',
+# vLLM's EAGLE-3, P-EAGLE and DFlash checkpoints).
+DRAFT_KEYS = ("eaglet", "draft_vocab_size", "dflash_config", "pard_token", "speculators_config")
+DRAFT_ARCHITECTURE_WORDS = ("eagle", "dflash", "dspark", "speculator", "draft")
+
+
+def draft_folder_problem(folder: Path) -> str | None:
+    """Why `folder` is not a draft that can be scored (no config.json, a target's folder, no
+    weights, weights cut short, or NaN/inf in them), in one line naming the file; None when
+    it is one."""
+    import json
+
+    config_file = Path(folder) / "config.json"
+    if not config_file.is_file():
+        return f"{folder} holds no config.json: give a draft folder"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        return f"{config_file}: not valid JSON ({first_line(exc)})"
+    if not isinstance(config, dict):
+        return f"{config_file}: not a model config (a JSON object)"
+    architectures = [str(a) for a in config.get("architectures") or []]
+    named = any(w in a.lower() for a in architectures for w in DRAFT_ARCHITECTURE_WORDS)
+    if not named and not any(key in config for key in DRAFT_KEYS):
+        return (
+            f"{folder} is not a draft: its config.json describes {architectures or 'a model'} "
+            "with none of a draft's keys (a target model's folder?); give the draft's folder"
+        )
+    weights = sorted(Path(folder).glob("*.safetensors"))
+    if not weights:
+        return f"{folder} holds no .safetensors weights"
+    for path in weights:
+        damaged = check_safetensors(path) or non_finite_tensor(path)
+        if damaged:
+            return f"{damaged}: a draft with these weights is never scored"
     return None
 
 
@@ -88,7 +126,7 @@ def check_init_from(config: PipelineConfig, model_config: Any, report: Preflight
         return
     found = problems(start, target, ids)
     weights = start.folder / "model.safetensors"
-    damaged = check_safetensors(weights) or _non_finite_tensor(weights)
+    damaged = check_safetensors(weights) or non_finite_tensor(weights)
     if damaged:
         found.append(f"train.init_from weights: {damaged}: train it again or export it again")
     report.problems.extend(found)
