@@ -630,9 +630,25 @@ def _run_command(args: argparse.Namespace) -> int:
     except Exception as exc:  # a failed stage: its message says what and where
         if args.command not in ("demo", "run"):
             raise
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"error: {_failure_line(exc, args)}", file=sys.stderr)
         print(_after_failure(args), file=sys.stderr)
         return 1
+
+
+def _failure_line(exc: BaseException, args: argparse.Namespace) -> str:
+    """The last line of a failed run: the error as the stage said it; a full disk met outside
+    a stage's folder (the run's records, Prefect's files) names the file and the work dir."""
+    from eaglet.storage import DiskFullError, is_disk_full
+
+    if is_disk_full(exc) and not isinstance(exc, DiskFullError):
+        config = getattr(args, "loaded_config", None)
+        where = getattr(exc, "filename", None) or (config.work_dir if config else "the work dir")
+        return (
+            f"DiskFullError: No space left on device while writing {where}: free space on its "
+            "filesystem (or move work_dir), then run the same command again; finished stages "
+            "are kept"
+        )
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _interrupted(exc: BaseException) -> int:

@@ -58,7 +58,7 @@ from eaglet.preflight.target import (
     load_target,
 )
 from eaglet.preflight.tokenize import check_lengths, check_template
-from eaglet.preflight.train import check_init_from, check_method
+from eaglet.preflight.train import check_init_from, check_mask_token, check_method
 from eaglet.preflight.work_dir import check_disk_budget, check_work_dir
 from eaglet.progress import say
 from eaglet.stages import STAGE, STAGES
@@ -76,6 +76,7 @@ __all__ = [
     "check_init_from",
     "check_layers",
     "check_lengths",
+    "check_mask_token",
     "check_method",
     "check_safetensors",
     "check_template",
@@ -126,6 +127,7 @@ def preflight(config: PipelineConfig, until: str = STAGES[-1]) -> PreflightRepor
         check_template(config, tokenizer, report)
         if model_config is not None:
             check_vocab(config, model_config, tokenizer, report)
+            check_mask_token(config, model_config, tokenizer, report)
     if model_config is not None:
         check_disk_budget(config, model_config, rows, report)
     return report

@@ -44,6 +44,47 @@ def check_method(config: PipelineConfig, model_config: Any, report: PreflightRep
         report.passed.append(f"train.method={method.name}: its settings fit this target")
 
 
+def check_mask_token(
+    config: PipelineConfig, model_config: Any, tokenizer: Any, report: PreflightReport
+) -> None:
+    """DFlash's mask token (`train.dflash.mask_token_id`, blank: the pad token) must be a token
+    no answer holds: not an end token, nor a special token the chat template renders (the
+    draft could not tell a mask slot from it)."""
+    if config.train.method != "dflash":
+        return
+    from eaglet.target import end_token_ids
+
+    mask = config.train.dflash.mask_token_id
+    setting, said = f"train.dflash.mask_token_id={mask}", report.problems
+    if mask is None:  # the default: said, not refused (a target's pad is rarely in answers)
+        said = report.warnings
+        pad = getattr(model_config, "pad_token_id", None)
+        mask = pad if isinstance(pad, int) else model_config.vocab_size - 1
+        setting = f"train.dflash.mask_token_id (blank: the pad token, {mask})"
+    ends = set(end_token_ids(config.target, tokenizer))
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    try:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}],
+            tokenize=True, **config.tokenize.chat_template_kwargs,
+        )  # fmt: skip
+        rendered = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
+        special |= {int(i) for i in rendered if int(i) in set(tokenizer.get_added_vocab().values())}
+    except Exception:  # check_template names a template that cannot render
+        pass
+    if mask in ends or mask in special - {getattr(tokenizer, "pad_token_id", None)} - {None}:
+        what = (
+            "an end token of the target's answers"
+            if mask in ends
+            else ("a special token the chat template renders")
+        )
+        said.append(
+            f"{setting} is {tokenizer.convert_ids_to_tokens(mask)!r}, {what}: a mask slot "
+            "would look like it to the draft; choose a token no answer holds (a reserved or "
+            "unused id)"
+        )
+
+
 def non_finite_tensor(path: Path) -> str | None:
     """The first tensor of a safetensors file holding NaN or infinity, named; None if none."""
     import torch
