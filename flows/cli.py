@@ -22,6 +22,7 @@ from eaglet.config import ConfigError, PipelineConfig, load_config
 from eaglet.draft.sampled import sampled_text
 from eaglet.draft.segments import segments_text
 from eaglet.eval_sets import EvalSetError
+from eaglet.fixture.corpus import CORPORA
 from eaglet.fixture.demo import ensure_demo_inputs
 from eaglet.fixture.real_shape import SHAPES as REAL_SHAPES
 from eaglet.fixture.real_tokenizers import TOKENIZERS as REAL_TOKENIZERS
@@ -251,9 +252,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 0
     print(f"draft {draft.resolve()} ({next(iter(report.values()))['method']})")
     for name, figures in report.items():
-        skipped = f", {len(figures['skipped'])} over the context left out" * bool(
-            figures.get("skipped")
-        )
+        left_out = figures.get("skipped", [])
+        skipped = f", {len(left_out)} over the context left out" if left_out else ""
         print(
             f"  {name:<12} τ {figures['tau']:.3f}  emitted τ {figures['emitted_tau']:.3f}  "
             f"{figures['rounds']} rounds, {figures['prompts']} prompts{skipped}, k "
@@ -478,7 +478,17 @@ def cmd_fixture_model(args: argparse.Namespace) -> int:
         if args.layers is not None or args.vocab_size is not None or args.tokenizer is not None:
             print("error: --layers, --vocab-size and --tokenizer go with --shape", file=sys.stderr)
             return 2
-        path = build_fixture_model(Path(args.out_dir), seed=args.seed)
+        if args.corpus != "fixture" and args.continue_from is None:
+            print("error: --corpus goes with --continue-from", file=sys.stderr)
+            return 2
+        if args.continue_from is not None and not (args.continue_from / "fixture.json").is_file():
+            print(f"error: --continue-from {args.continue_from} is not a fixture model folder",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        path = build_fixture_model(
+            Path(args.out_dir), seed=args.seed, train_steps=args.steps,
+            continue_from=args.continue_from, corpus=args.corpus,
+        )  # fmt: skip
     else:
         try:
             path = build_real_shape_model(
@@ -583,6 +593,16 @@ def build_parser() -> argparse.ArgumentParser:
         choices=REAL_SHAPES,
         help="a real model's shapes, random weights, its real tokenizer and chat template",
     )
+    fixture.add_argument(
+        "--continue-from", type=Path, metavar="FIXTURE",
+        help="train a fixture model further (its tokenizer kept): a target that drifted",
+    )  # fmt: skip
+    fixture.add_argument(
+        "--corpus", choices=CORPORA, default="fixture",
+        help="what it trains on: the fixture's conversations, or 'restyled' (the same tasks, "
+        "reasoning in other words; with --continue-from)",
+    )  # fmt: skip
+    fixture.add_argument("--steps", type=int, help="training steps (default 250; continued: 150)")
     fixture.add_argument("--layers", type=int, help="with --shape: fewer layers, same width")
     fixture.add_argument(
         "--vocab-size", type=int, help="with --shape: more embedding and lm_head rows"
