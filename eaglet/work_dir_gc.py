@@ -6,6 +6,7 @@ A folder is kept whenever anything may still use it:
   stage, as `eaglet run --plan` does: after `--until extract`, that config's hidden_states,
   train and evaluate folders are still its Cached ones; and each such key's `.partial` folder;
 - a key the last run recorded (`run.json`), and its `.partial` folder (a failed run resumes it);
+- the current draft's train folder (`draft.json`: what serves the target, `eaglet.refresh`);
 - what another work dir uses through a symlink into this one: every run names its work dir in
   `.eaglet-linked-work-dirs` of each stage folder of another work dir it reaches through a
   link (`eaglet.run_report.record_links`); that work dir's `run.json` keys are kept, and while
@@ -110,6 +111,14 @@ def survey(work_dir: Path) -> Survey:
             "use; run the pipeline once first"
         )
     plan_keys, note = _plan_keys(work_dir)
+    promoted = work_dir / "draft.json"  # eaglet.refresh.PROMOTED_FILE
+    if promoted.is_file():
+        try:
+            run_keys.setdefault("train", set()).add(json.loads(promoted.read_text())["train_key"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise NothingKnownInUse(
+                f"{promoted} cannot be read ({exc}): gc removes nothing"
+            ) from None
     found = Survey(notes=[note] if note else [])
     real_work_dir = work_dir.resolve()
     for stage in STAGES:
