@@ -177,3 +177,34 @@ def keep_serving(work_dir: Path, draft: PromotedDraft, target: dict[str, str], t
     with that target from now on; a later refresh still compares with its τ at training."""
     served = [*draft.served, {"target": target, "tau": tau, "at": time.time()}]
     promote(work_dir, draft.model_copy(update={"target": target, "served": served}))
+
+
+def measure(config: PipelineConfig, draft_dir: Path, progress=None) -> dict[str, Any]:
+    """The draft in `draft_dir` on `config`'s target and named evaluation sets, as the
+    evaluate stage measures them (greedy, `evaluate.num_speculative_tokens`): per set its
+    figures (`eaglet.draft.set_evaluation.evaluate_sets`)."""
+    from eaglet.draft.set_evaluation import evaluate_sets
+    from eaglet.target import end_token_ids, load_tokenizer
+
+    if not config.evaluate.sets:
+        raise RefreshError("a refresh measures the draft on evaluate.sets: the config names none")
+    tokenizer = load_tokenizer(config.target)
+    greedy = config.evaluate.model_copy(update={"temperature": 0.0})
+    return evaluate_sets(
+        config.evaluate.sets, Path(draft_dir), config.target, tokenizer, greedy,
+        config.tokenize.chat_template_kwargs, end_token_ids(config.target, tokenizer), progress,
+    )  # fmt: skip
+
+
+def promoted_from_run(
+    work_dir: Path, train_key: str, target_model: str, target: dict[str, str], tau: dict, why: str
+) -> PromotedDraft:
+    """The record of a run's draft (`train/<key>/draft`) as the current one."""
+    return PromotedDraft(
+        train_key=train_key,
+        draft=f"train/{train_key}/{DRAFT_FOLDER}",
+        target_model=target_model,
+        target=target,
+        tau=tau,
+        why=why,
+    )
