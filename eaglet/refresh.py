@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field
 
 from eaglet.config import PipelineConfig
 from eaglet.fingerprints import target_parts
-from eaglet.stages import DRAFT_FOLDER, REPORT_FILE, TARGET_PART_OF
+from eaglet.stages import DRAFT_FOLDER, PRODUCER, REPORT_FILE, TARGET_PART_OF
 from eaglet.storage import read_manifest, stage_folder, write_json_atomic
 
 PROMOTED_FILE = "draft.json"
@@ -37,6 +37,7 @@ PROMOTED_FILE = "draft.json"
 # a change to the target the draft follows.
 TRAINED_PARTS = ("weights", "tokenizer", "generation_config")
 CHANGED_EVENT = "eaglet.target.changed"
+TRAIN, EVALUATE = PRODUCER["draft"], PRODUCER["report"]  # the stages that write and score it
 
 
 class RefreshError(ValueError):
@@ -81,20 +82,20 @@ def current_draft(work_dir: Path) -> PromotedDraft | None:
         return PromotedDraft.model_validate_json(promoted.read_text())
     try:
         stages = json.loads((work_dir / "run.json").read_text())["stages"]
-        train = read_manifest(stage_folder(work_dir, "train", stages["train"]["key"]))
+        train = read_manifest(stage_folder(work_dir, TRAIN, stages[TRAIN]["key"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if train is None:
         return None
     tau: dict[str, float] = {}
-    evaluate = stages.get("evaluate") or {}
-    report = stage_folder(work_dir, "evaluate", evaluate.get("key", "")) / REPORT_FILE
+    evaluate = stages.get(EVALUATE) or {}
+    report = stage_folder(work_dir, EVALUATE, evaluate.get("key", "")) / REPORT_FILE
     if evaluate.get("key") and report.is_file():
         tau = set_taus(json.loads(report.read_text()))
     keyed = {TARGET_PART_OF.get(path): value for path, value in train.config.items()}
     return PromotedDraft(
         train_key=train.key,
-        draft=f"train/{train.key}/{DRAFT_FOLDER}",
+        draft=f"{TRAIN}/{train.key}/{DRAFT_FOLDER}",
         target_model=str(train.info.get("target_model", "")),
         target={part: str(keyed.get(part, "")) for part in TRAINED_PARTS},
         tau=tau,
@@ -155,9 +156,8 @@ def verdict(before: dict[str, float], now: dict[str, float], max_drop: float) ->
 def retrain_config(config: PipelineConfig, draft_dir: Path) -> PipelineConfig:
     """The pipeline for the new target, trained from the current draft (`train.init_from`) on
     `refresh.samples` samples (split evenly over the datasets; blank: all)."""
-    update: dict[str, Any] = {
-        "train": config.train.model_copy(update={"init_from": str(Path(draft_dir).resolve())})
-    }
+    starts_from = config.train.model_copy(update={"init_from": str(Path(draft_dir).resolve())})
+    update: dict[str, Any] = dict(train=starts_from)  # the section, not the stage
     samples = config.refresh.samples
     if samples is not None:
         share = math.ceil(samples / len(config.datasets))
@@ -202,7 +202,7 @@ def promoted_from_run(
     """The record of a run's draft (`train/<key>/draft`) as the current one."""
     return PromotedDraft(
         train_key=train_key,
-        draft=f"train/{train_key}/{DRAFT_FOLDER}",
+        draft=f"{TRAIN}/{train_key}/{DRAFT_FOLDER}",
         target_model=target_model,
         target=target,
         tau=tau,

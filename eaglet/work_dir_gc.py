@@ -32,7 +32,7 @@ from pathlib import Path
 
 from eaglet import work_dir_lock
 from eaglet.run_report import CONFIG_FILE, RUN_FILE, linked_users
-from eaglet.stages import STAGES
+from eaglet.stages import PRODUCER, STAGES
 from eaglet.storage import MANIFEST, PARTIAL_SUFFIX
 
 KEY = re.compile(r"^[0-9a-f]{20}$")
@@ -114,7 +114,8 @@ def survey(work_dir: Path) -> Survey:
     promoted = work_dir / "draft.json"  # eaglet.refresh.PROMOTED_FILE
     if promoted.is_file():
         try:
-            run_keys.setdefault("train", set()).add(json.loads(promoted.read_text())["train_key"])
+            key = json.loads(promoted.read_text())["train_key"]
+            run_keys.setdefault(PRODUCER["draft"], set()).add(key)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise NothingKnownInUse(
                 f"{promoted} cannot be read ({exc}): gc removes nothing"

@@ -20,6 +20,7 @@ from eaglet import work_dir_lock
 from eaglet.config import PipelineConfig, load_config
 from eaglet.refresh import (
     CHANGED_EVENT,
+    TRAIN,
     current_draft,
     keep_serving,
     measure,
@@ -148,7 +149,7 @@ def refresh(work_dir: str = "runs/demo", config_path: str = "") -> State:
             promote(
                 Path(config.work_dir),
                 promoted_from_run(
-                    Path(config.work_dir), stages["train"]["key"], config.target.model, target,
+                    Path(config.work_dir), stages[TRAIN]["key"], config.target.model, target,
                     trained, f"refresh: τ {new:.3f} against the old draft's {old:.3f}",
                 ),
             )  # fmt: skip
