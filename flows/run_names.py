@@ -1,5 +1,7 @@
-"""What a flow run of eaglet is called (`pipeline[<config name>]`, plus `until` and `refresh
-from` when set), and the naming of new runs as soon as they exist: Prefect names a run at
+"""What a flow run of eaglet is called (`pipeline[<config name>]`, then the draft method of a
+run that trains, `until` and `refresh from` when set, and `(plan)` for a plan-only run), so
+that the run list tells a DFlash training from an EAGLE-3 one and a plan from a run; and the
+naming of new runs as soon as they exist: Prefect names a run at
 random when it is created (a Submit, a schedule) and applies the flow's `flow_run_name` only
 when it starts, so a queued or scheduled run would show as `rich-mammoth`. `eaglet serve`
 runs `name_new_runs` beside its runner: every few seconds it gives each not-yet-started run of
@@ -11,19 +13,29 @@ import threading
 from typing import Any
 
 from eaglet.config import PipelineConfig, load_config
+from eaglet.stages import STAGES
 
 FLOWS = ("eaglet-pipeline", "eaglet-pipeline-short-form")
 NAMING_EVERY_S = 2.0
 NAMED = "pipeline["  # how every name `run_label` gives begins (Prefect's own never does)
 
 
-def run_label(name: str, parameters: dict[str, Any]) -> str:
-    """`pipeline[<config name>]`, plus `until` and `refresh from` when they are set."""
+TRAINS = STAGES[STAGES.index("train") :]  # a run stopping at one of these trains a draft
+
+
+def run_label(name: str, parameters: dict[str, Any], method: str | None = None) -> str:
+    """`pipeline[<config name>]`, then `method` when the run trains, `until` and `refresh
+    from` when they are set, and `(plan)` for a plan-only run."""
     label = f"{NAMED}{name}]"
-    if parameters.get("until", "evaluate") != "evaluate":
-        label += f" until {parameters['until']}"
+    until = parameters.get("until") or STAGES[-1]
+    if method and until in TRAINS:
+        label += f" {method}"
+    if until != STAGES[-1]:
+        label += f" until {until}"
     if parameters.get("refresh_from"):
         label += f" refresh from {parameters['refresh_from']}"
+    if parameters.get("plan_only"):
+        label += " (plan)"
     return label
 
 
@@ -32,12 +44,12 @@ def run_label_of(parameters: dict[str, Any]) -> str:
     name; the short form's base is its `config_path`, else the demo's defaults)."""
     try:
         if parameters.get("config_path"):
-            name = load_config(parameters["config_path"]).name
+            config = load_config(parameters["config_path"])
         else:
-            name = PipelineConfig.model_validate(parameters.get("config") or {}).name
+            config = PipelineConfig.model_validate(parameters.get("config") or {})
     except (ValueError, OSError):  # the flow itself reports the bad config when it starts
-        name = "?"
-    return run_label(name, parameters)
+        return run_label("?", parameters)
+    return run_label(config.name, parameters, config.train.method)
 
 
 def name_waiting_runs() -> int:
