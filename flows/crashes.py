@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglet.run_report import RESTARTS_PARTIAL, RESUMES_PARTIAL, read_run_record
+from eaglet.stages import STAGES
 
 
 def work_dir_of(parameters: dict[str, Any]) -> Path | None:
@@ -41,10 +42,11 @@ def crash_markdown(
     running = (record or {}).get("running")
     if running:
         interrupted = [running]
-    finished = {
-        stage: entry
-        for stage, entry in ((record or {}).get("stages") or {}).items()
-        if entry.get("state") in ("Completed", "Cached")
+    stages = (record or {}).get("stages") or {}
+    finished = {  # in the stages' order (run.json keeps its keys sorted)
+        stage: stages[stage]
+        for stage in STAGES
+        if stages.get(stage, {}).get("state") in ("Completed", "Cached")
     }
     if interrupted:
         where = ", ".join(interrupted)

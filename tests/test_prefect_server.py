@@ -811,18 +811,32 @@ def _add_nightly_schedule(page, deployment_url: str) -> str:
     return said.inner_text().strip()
 
 
-def _on_first_screen(locator) -> bool:
-    """Whether the element is inside the page's first screen (no scrolling to see it)."""
-    box = locator.bounding_box()
-    height = locator.page.viewport_size["height"]
-    return box is not None and box["y"] >= 0 and box["y"] + box["height"] <= height
+def _on_first_screen(page, text: str) -> bool:
+    """Whether the first occurrence of `text` on the page is inside its first screen (seen
+    without scrolling), the text itself, not the block around it."""
+    return page.evaluate(
+        """text => {
+            const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+            while (walker.nextNode()) {
+                const node = walker.currentNode, at = node.data.indexOf(text);
+                if (at < 0) continue;
+                const range = document.createRange();
+                range.setStart(node, at);
+                range.setEnd(node, at + text.length);
+                const box = range.getBoundingClientRect();
+                return box.top >= 0 && box.bottom <= window.innerHeight;
+            }
+            return false;
+        }""",
+        text,
+    )
 
 
 def _logs(client: httpx.Client, run_id: str) -> list[str]:
     """The messages of a flow run's logs and its tasks', oldest first."""
     found = client.post(
         "/logs/filter",
-        json={"logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC"},
+        json={"logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "limit": 200},
     ).json()
     return [entry["message"] for entry in found]
 
@@ -948,17 +962,22 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
         assert failed["state"]["type"] == "FAILED"
         fails_again = "Retry would send the same parameters and fail the same way"
         headline = failed["state"]["message"]
-        assert headline.startswith("generate failed: preflight canary failed:"), headline
+        assert headline.startswith("generate failed: CanaryError: preflight canary failed:"), (
+            headline
+        )
         assert "is not reachable" in headline and fails_again in headline, headline
         assert "`endpoints` (a field of this form)" in headline, headline
         note = _artifact(client, failed["id"], "generate-failure")
         assert fails_again in note and "Retry can succeed" not in note, note
         assert "**Change** `endpoints` (a field of this form)" in note, note
-        logs = "\n".join(_logs(client, failed["id"]))
-        assert (
-            "generate failed for a reason a retry cannot mend (CanaryError): not retrying" in logs
-        )
-        assert fails_again in logs and "Retry can succeed" not in logs
+        not_retried = "generate failed for a reason a retry cannot mend (CanaryError): not retrying"
+
+        def logged() -> str | None:  # the task's last logs reach the server after its state
+            logs = "\n".join(_logs(client, failed["id"]))
+            return logs if not_retried in logs and fails_again in logs else None
+
+        logs = _wait_for(logged, 60, "the failure's log lines")
+        assert "Retry can succeed" not in logs
         notice = served.webhook.notice_of(failed["id"])
         assert notice["subject"] == "eaglet pipeline[journey] eagle3: Failed", notice
         assert notice["body"].startswith(headline), notice  # eaglet's line, not Prefect's
@@ -969,9 +988,12 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
         page.get_by_text(fails_again).first.wait_for()  # the advice in the log, in UI terms
         page.screenshot(path=str(artifacts / "journey-failed.png"), full_page=False)
         open_artifact(failed["id"], "generate-failure")
-        key_line = page.get_by_text(re.compile(r"^Error: preflight canary failed: .*not reachable"))
+        key_line = page.get_by_text(
+            re.compile(r"^Error: CanaryError: preflight canary failed: .*not reachable")
+        )
         key_line.first.wait_for()
-        assert _on_first_screen(key_line.first)  # as text that wraps, not a clipped code line
+        # as text that wraps, not a clipped code line
+        assert _on_first_screen(page, "is not reachable")
         page.screenshot(path=str(artifacts / "journey-failed-artifact.png"), full_page=False)
         step("the failed run")
 
@@ -995,8 +1017,8 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
         for run_id in (first_id, second_id):
             queued, _ = _finished(client, run_id)
             assert queued["state"]["type"] == "COMPLETED", queued["state"]
-        page.reload()
-        page.locator(".state-badge", has_text="Completed").first.wait_for()
+        page.reload()  # it ran after the other, on the same config: every stage reused
+        page.locator(".state-badge", has_text="Cached").first.wait_for()
         step("two runs at once")
 
         # 3c. a refusal before any stage: its page's first screen shows the problem, no
@@ -1009,9 +1031,8 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
         page.get_by_text("refused before any stage").first.wait_for()
         page.wait_for_load_state("networkidle")
         assert page.get_by_text("Traceback").count() == 0
-        problem = page.get_by_text(re.compile(r"problem: .*no-such-model")).first
-        assert _on_first_screen(problem), problem.bounding_box()
         page.screenshot(path=str(artifacts / "journey-refused.png"), full_page=False)
+        assert _on_first_screen(page, "problem: target.model: folder")  # not below the ok lines
         report = _artifact(client, refused_id, "run-refused", field="id")
         page.goto(f"{base}/artifacts/artifact/{report}")
         page.get_by_text(re.compile(r"Refused before any stage: .*no-such-model")).first.wait_for()
@@ -1064,14 +1085,17 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
         assert "code changed" not in report, report
         step("a DFlash plan and its training")
 
-        # 5. the run list tells a plan, a Cached rerun and a DFlash training apart
+        # 5. the run list tells a plan, a Cached rerun and a DFlash training apart: each
+        # one's row (found by its link) shows its name and its own state
         page.goto(f"{base}/runs")
-        for name, badge in ((plan["name"], "Planned"), (again["name"], "Cached"),
-                            (trained["name"], "Completed")):  # fmt: skip
-            row = page.locator(".flow-run-list-item", has_text=name).first
-            row.wait_for()
-            row.locator(".state-badge", has_text=badge).first.wait_for()
-        page.screenshot(path=str(artifacts / "journey-run-list.png"), full_page=False)
+        page.get_by_placeholder("Search by flow run name").last.fill("pipeline[journey]")
+        for shown, badge in ((plan, "Planned"), (again, "Cached"), (trained, "Completed")):
+            link = page.locator(f"a[href='/runs/flow-run/{shown['id']}']")
+            row = page.locator(".flow-run-list-item", has=link)
+            row.scroll_into_view_if_needed()
+            row.locator(".state-badge", has_text=badge).wait_for()
+            assert link.inner_text().strip() == shown["name"]
+        page.screenshot(path=str(artifacts / "journey-run-list.png"), full_page=True)
 
         # 6. a run killed (SIGKILL) in train: Crashed, no task left Running, and the crash
         # artifact names train and the five stages that had finished (Cached here)
