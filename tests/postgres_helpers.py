@@ -3,7 +3,8 @@ PostgreSQL): Debian's postgresql binaries (`.ci/run` installs them), `initdb` in
 folder and `postgres` on a free loopback port with password authentication, run as the
 `postgres` user when the tests run as root (PostgreSQL refuses root). One cluster per test
 process; each Prefect server gets a database of its own. Durability settings are off
-(fsync, synchronous commit): a test's database dies with the test."""
+(fsync, synchronous commit): a test's database dies with the test, and the server with the
+test process, even one killed (PR_SET_PDEATHSIG)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from eaglet_prefect.flows.prefect_server import _die_with_parent
 from tests.vllm_server import free_port
 
 USER = "eaglet"
@@ -79,6 +81,7 @@ class Postgres:
             user=self.owner, group=self.owner, extra_groups=[] if self.owner else None,
             cwd=self.folder, stdout=open(self.folder / "postgres.log", "w"),
             stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()),
         )  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while True:

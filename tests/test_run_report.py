@@ -362,3 +362,43 @@ def test_a_method_switch_is_a_config_change_not_a_code_change():
         "config changed: train.method, now 'dflash'"
     )
     assert plug_in_reason("evaluate", eagle3, stage_config("evaluate", eagle3), before) is None
+
+
+def test_the_advice_names_where_a_setting_came_from():
+    """Issue 47: a refusal of a run started with `config_path` said to change the setting "in
+    the form" when it was in the YAML file. The advice names the form's field, the YAML file
+    and key, or `--set`, by where the run's settings came from."""
+    from eaglet.failure_advice import RunOrigin, failure_headline, field_for
+
+    short = RunOrigin("short form", "/b/base.yaml", frozenset({"generation.endpoints"}))
+    assert field_for("generation.endpoints", short) == "`endpoints` (a field of this form)"
+    assert field_for("target.model", short) == (
+        "`target.model` in `/b/base.yaml` (the base config `config_path` names), or this "
+        "form's `target_model`"
+    )
+    assert field_for("train.device", short).startswith("`train.device` in `/b/base.yaml` (")
+    assert "not a field of the short form" in field_for("train.device", RunOrigin("short form"))
+    assert field_for("train.device", RunOrigin("full form", "/b/x.yaml")).startswith(
+        "`train.device` in `/b/x.yaml` (the file `config_path` names"
+    )
+    assert field_for("train.device", RunOrigin("full form")) == (
+        "`train.device` (config → Draft training → Device)"
+    )
+    assert field_for("train.device", RunOrigin("shell", "/b/x.yaml")) == (
+        "`train.device` in `/b/x.yaml` (or `--set train.device=...`)"
+    )
+    # the run record keeps the origin for a stage's failure later
+    run = {"started_from": "short form", "config_path": "/b/base.yaml", "set_keys": ["work_dir"]}
+    assert RunOrigin.of_run(run) == RunOrigin("short form", "/b/base.yaml", frozenset({"work_dir"}))
+    entry = {"error": "CanaryError: preflight canary failed:\n  endpoint http://h:9 is not "
+                      "reachable: start the server, or fix generation.endpoints"}  # fmt: skip
+    headline = failure_headline("generate", entry, short)
+    assert headline == (
+        "generate failed: CanaryError: preflight canary failed: endpoint http://h:9 is not "
+        "reachable: start the server, or fix generation.endpoints. Retry would send the same "
+        "parameters and fail the same way: change `endpoints` (a field of this form)"
+    )
+    passing = {"error": "ConnectError: [Errno 111]", "retry_can_succeed": True}
+    assert failure_headline("generate", passing, short).endswith(
+        "Retry can succeed once the passing fault is gone"
+    )
