@@ -107,20 +107,20 @@ def interrupted_entry(
 
 @flow(name="eaglet-pipeline", flow_run_name=run_name, log_prints=True, on_crashed=[report_crash])
 def pipeline(
-    config: PipelineConfig = PipelineConfig(),  # noqa: B008 - the UI form shows these defaults
     config_path: str = "",
     until: StageName = "evaluate",
     refresh_from: RefreshFrom = "",
-    retry_failed: bool = False,
     plan_only: bool = False,
+    retry_failed: bool = False,
+    config: PipelineConfig = PipelineConfig(),  # noqa: B008 - the UI form shows these defaults
 ) -> State:
     """Regenerate the target's answers and train an EAGLE-3 draft on them.
 
     The run report (artifact `run-report`, and `WORK_DIR/run_report.md`) is written at the
-    end, also when a stage fails.
+    end, also when a stage fails. The form shows the run's switches first and the whole
+    config last (it is most of the form's length).
 
     Args:
-        config: The whole configuration; its defaults are the demo's.
         config_path: A YAML config file on the machine that runs the flow; when given, it
             replaces `config`. Leave empty to use the form.
         until: The last stage to run (download, tokenize, generate, extract, hidden_states,
@@ -128,11 +128,12 @@ def pipeline(
         refresh_from: Run this stage and every one after it again even when their inputs and
             code are unchanged (a server flag or a dataset revision changed). Leave empty to
             reuse every finished stage.
-        retry_failed: Send the samples a finished generate stage recorded as failed again,
-            keeping every record already written.
         plan_only: Run nothing: say per stage whether it is Cached or why it would run (a
             code change naming the modules, a config change naming the keys, an upstream
             output change), in the log and the `run-plan` artifact; the run ends Planned.
+        retry_failed: Send the samples a finished generate stage recorded as failed again,
+            keeping every record already written.
+        config: The whole configuration; its defaults are the demo's.
     """
     start_run()
     # `eaglet run` is a shell; its config file is the run's config (`config_path` is blank)

@@ -5,7 +5,9 @@ naming of new runs as soon as they exist: Prefect names a run at
 random when it is created (a Submit, a schedule) and applies the flow's `flow_run_name` only
 when it starts, so a queued or scheduled run would show as `rich-mammoth`. `eaglet serve`
 runs `name_new_runs` beside its runner: every few seconds it gives each not-yet-started run of
-eaglet's flows its real name."""
+eaglet's flows its real name, and tells each run waiting for its deployment's slot
+(AwaitingConcurrencySlot, a state Prefect gives no message) which run it waits for, in a
+line of its log."""
 
 from __future__ import annotations
 
@@ -87,14 +89,70 @@ def name_waiting_runs() -> int:
     return renamed
 
 
+WAITING = "AwaitingConcurrencySlot"
+
+
+def explain_waiting_runs(told: set[str]) -> int:
+    """Log, once on each run of eaglet's flows waiting for its deployment's slot (ids in
+    `told`), which run of the deployment holds it; how many were told."""
+    from datetime import UTC, datetime
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import LogCreate
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateName,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    eaglet = FlowFilter(name=FlowFilterName(any_=list(FLOWS)))
+    state = FlowRunFilterState(name=FlowRunFilterStateName(any_=[WAITING]))
+    logs = []
+    with get_client(sync_client=True) as client:
+        waiting = client.read_flow_runs(
+            flow_filter=eaglet, flow_run_filter=FlowRunFilter(state=state), limit=200
+        )
+        for run in waiting:
+            if str(run.id) in told or run.deployment_id is None:
+                continue
+            running = FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))
+            holders = client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[run.deployment_id])),
+                flow_run_filter=FlowRunFilter(state=running),
+                limit=5,
+            )
+            if not holders:  # between two runs: the slot frees within seconds
+                continue
+            names = ", ".join(f"{h.name} (flow run {h.id})" for h in holders)
+            message = (
+                f"waits for {names}: this deployment runs one flow run at a time; this one "
+                "starts when that one ends"
+            )
+            logs.append(LogCreate(name="eaglet", level=20, message=message,
+                                  timestamp=datetime.now(UTC), flow_run_id=run.id))  # fmt: skip
+            told.add(str(run.id))
+        if logs:
+            client.create_logs(logs)
+    return len(logs)
+
+
 def name_new_runs(stop: threading.Event) -> threading.Thread:
-    """Start a daemon thread that names waiting runs every `NAMING_EVERY_S` until `stop`; a
-    failed round (a busy server) is tried again at the next."""
+    """Start a daemon thread that names waiting runs, and tells a run waiting for its
+    deployment's slot what it waits for, every `NAMING_EVERY_S` until `stop`; a failed round
+    (a busy server) is tried again at the next."""
+    told: set[str] = set()
 
     def loop() -> None:
         while not stop.wait(NAMING_EVERY_S):
             try:
                 name_waiting_runs()
+                explain_waiting_runs(told)
             except Exception:  # noqa: BLE001 - names are cosmetic: never stop serving
                 continue
 

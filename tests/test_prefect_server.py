@@ -1013,6 +1013,9 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
         page.goto(f"{base}/runs/flow-run/{waiting_id}")
         queued_badge = re.compile(r"Awaiting\s*Concurrency\s*Slot", re.IGNORECASE)
         page.locator(".state-badge", has_text=queued_badge).first.wait_for()
+        # what it waits for, in its log (a state Prefect gives no message)
+        holder = first_id if waiting_id == second_id else second_id
+        page.get_by_text(re.compile(rf"waits for .*\(flow run {holder}\)")).first.wait_for()
         page.screenshot(path=str(artifacts / "journey-queued.png"), full_page=False)
         for run_id in (first_id, second_id):
             queued, _ = _finished(client, run_id)
