@@ -11,10 +11,13 @@ from pathlib import Path
 
 from prefect import Task, flow
 from prefect.artifacts import create_markdown_artifact
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import DeploymentUpdate
 from prefect.runtime import deployment, flow_run
 from prefect.states import Completed, Failed, State
 
 from eaglet import shutdown, work_dir_lock
+from eaglet.cache import pipeline_code_version
 from eaglet.config import PipelineConfig, load_config
 from eaglet.failure_advice import RunOrigin, failure_headline
 from eaglet.fixture.demo import demo_inputs_missing
@@ -183,6 +186,26 @@ def start_run() -> None:
     shutdown.set_stage("the preflight")
 
 
+def record_code_version() -> None:
+    """The code this run ran (`pipeline_code_version`: the commit, `+modified`, the stages'
+    code hash) as its flow version, and as its deployment's version when that says otherwise:
+    `eaglet serve` registers the version once, and a run of code edited since (each run
+    imports it anew) showed the old one. Called once the stages ran: their keys parsed their
+    modules already (parsing at the run's start raced Prefect's own loading of the flow in
+    another thread: Python 3.11's "AST constructor recursion depth mismatch"). A version is
+    never worth a failed run: a failure to record it is logged."""
+    if not flow_run.id:
+        return
+    try:
+        version = pipeline_code_version()
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(flow_run.id, flow_version=version)
+            if deployment.id and deployment.version != version:
+                client.update_deployment(deployment.id, DeploymentUpdate(version=version))
+    except Exception as exc:  # noqa: BLE001 - cosmetic, see above
+        print(f"the run's code version was not recorded: {type(exc).__name__}: {exc}")
+
+
 def run_stages(
     config: PipelineConfig,
     config_path: str | None,
@@ -233,6 +256,7 @@ def run_stages(
                 key="run-report",
                 description=f"eaglet run {config.name}: per stage, Cached or ran, and key figures",
             )
+            record_code_version()
         if failure is not None:  # the run page's state and the notification lead with it
             stage = failed_stages(record)[0]
             headline = failure_headline(stage, record["stages"][stage], origin)

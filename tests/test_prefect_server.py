@@ -388,6 +388,9 @@ def test_a_code_fix_to_extraction_reruns_extraction_and_later_stages_not_generat
     assert f"{served.api.removesuffix('/api')}/runs/flow-run/{run['id']}" in notice["body"]
     assert notice["body"].startswith(run["state"]["message"])  # the run page says it too
 
+    before = run["flow_version"]
+    assert before.startswith("code "), before  # the copy is no git clone: the code hash alone
+
     reasoning = served.project / "eaglet" / "reasoning.py"
     original = reasoning.read_bytes()
     reasoning.write_bytes(original + b"\n# a fix to the reasoning split\n")
@@ -396,6 +399,10 @@ def test_a_code_fix_to_extraction_reruns_extraction_and_later_stages_not_generat
     finally:
         reasoning.write_bytes(original)
     assert run["state"]["type"] == "COMPLETED", run["state"]
+    # the run, and its deployment, say which code ran: the edited one (serve registered the old)
+    assert run["flow_version"].startswith("code ") and run["flow_version"] != before
+    deployment = served.client.get(f"/deployments/{served.deployments['pipeline']}").json()
+    assert deployment["version"] == run["flow_version"], (deployment["version"], run)
     reused = ("download", "tokenize", "generate", "hidden_states")
     rerun = ("extract", "train", "evaluate")
     states = dict.fromkeys(reused, "Cached") | dict.fromkeys(rerun, "Completed")
@@ -697,7 +704,7 @@ def test_the_short_form_runs_the_pipeline_from_a_few_fields(
     artifacts.mkdir(exist_ok=True)
     labels = [  # Prefect titles a flow's parameters by their names
         "target_model", "datasets", "engine", "endpoints", "served_model", "epochs",
-        "work_dir", "until", "refresh_from", "config_path",
+        "work_dir", "until", "refresh_from", "config_path", "plan_only",
     ]  # fmt: skip
 
     with sync_playwright() as playwright:
@@ -718,7 +725,7 @@ def test_the_short_form_runs_the_pipeline_from_a_few_fields(
     assert run["deployment_id"] == deployment_id
     run, tasks = _finished(client, run["id"])
     assert run["state"]["type"] == "COMPLETED", run["state"]
-    assert run["name"] == "pipeline[short]"
+    assert run["name"] == "pipeline[short] eagle3"  # the draft method of a run that trains
     assert run["parameters"]["epochs"] == 2 and run["parameters"]["work_dir"] == str(work_dir)
     assert _states(tasks, "short") == dict.fromkeys(STAGES, "Completed")
     used = yaml.safe_load((work_dir / "config.yaml").read_text())
