@@ -1,11 +1,10 @@
 """Hidden-state extraction: throughput, bytes per token, storage error, memory (ratios against
 baselines measured in the same run; no asserts on time).
 
-1. Tokens/s of the `hf` backend in length buckets (--batch-sizes) against a one-sample-at-a-
-   time forward, on the same examples, for short (8-64 tokens) and long (16-400) samples; with
+1. Tokens/s of the `hf` backend (one sample per forward, so that a sample's features do not
+   depend on its neighbours) for short (8-64 tokens) and long (16-400) samples; with
    --vllm-url, the `vllm` backend (a server started with
-   eaglet.hidden_states.backends.vllm.server_args) too. Ratios are against the one-sample
-   forward of the same profile.
+   eaglet.hidden_states.backends.vllm.server_args) too, as a ratio against hf's.
 2. Per storage form: bytes per token (values, against bf16's 8·H anchor, and in all), the
    relative error of the states read back, and how often the target's greedy token
    (lm_head of the stored final state) equals float32's.
@@ -47,16 +46,12 @@ def tokens_per_s(backend, examples, repeats: int = 3) -> float:
 
 
 def throughput(args, config, length_profiles: dict[str, list]) -> None:
-    """Batched `hf` against one sample at a time, per length profile and batch size: short
-    samples are bound by the per-forward overhead (which batching shares), long ones by the
-    matmuls (which it cannot shrink on a CPU)."""
-    single = HFBackend(config.target, args.aux, batch_size=1)
+    """`hf` (one sample per forward) and, with --vllm-url, the vllm backend, per length
+    profile."""
+    single = HFBackend(config.target, args.aux)
     for name, examples in length_profiles.items():
         tokens_per_s(single, examples[:4], repeats=1)  # warm up
-        rows = [("hf one sample at a time", tokens_per_s(single, examples))]
-        for batch_size in args.batch_sizes:
-            batched = HFBackend(config.target, args.aux, batch_size=batch_size)
-            rows.append((f"hf length buckets, batch {batch_size}", tokens_per_s(batched, examples)))
+        rows = [("hf one sample per forward", tokens_per_s(single, examples))]
         if args.vllm_url:
             from eaglet.hidden_states.backends.vllm import VllmBackend
 
@@ -79,7 +74,7 @@ def throughput(args, config, length_profiles: dict[str, list]) -> None:
 
 
 def storage_table(args, config, examples) -> None:
-    backend = HFBackend(config.target, args.aux, batch_size=16)
+    backend = HFBackend(config.target, args.aux)
     H = backend.hidden_size
     lm_head = backend.model.lm_head
     feats = backend.features(examples)
@@ -146,7 +141,6 @@ def main() -> None:
     parser.add_argument("--aux", type=int, nargs=3, default=[2, 4, 5])
     parser.add_argument("--vllm-url")
     parser.add_argument("--memory-samples", type=int, default=200)
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[4, 16])
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parts = ["throughput", "storage", "memory"]
     parser.add_argument("--skip", nargs="*", default=[], choices=parts)

@@ -56,7 +56,7 @@ from eaglet.draft.evaluate import default_eos_ids, evaluate_draft, load_target  
 from eaglet.draft.launch import pipeline_job, run_job  # noqa: E402
 from eaglet.draft.serving import measure_served  # noqa: E402
 from eaglet.fixture.model import eval_prompts  # noqa: E402
-from eaglet.hidden_states.backends.hf import HFBackend, length_batches  # noqa: E402
+from eaglet.hidden_states.backends.hf import HFBackend  # noqa: E402
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids  # noqa: E402
 from eaglet.hidden_states.stage import stage_body  # noqa: E402
 from eaglet.records.examples import Example  # noqa: E402
@@ -96,18 +96,16 @@ def speculators_states(
     )
     out: list = [None] * len(examples)
     try:
-        lengths = [len(e.input_ids) for e in examples]
-        for batch in length_batches(lengths, backend.batch_size, backend.batch_tokens):
+        for i, example in enumerate(examples):
             pre_norm.clear()
-            features = backend.forward([examples[i].input_ids for i in batch])
-            last = pre_norm[0]  # [B, T, H]
-            for row, (i, feature) in enumerate(zip(batch, features, strict=True)):
-                n = lengths[i]
-                aux = feature["aux_hidden_states"].view(n, len(aux_layer_ids), -1)  # [n, 3, H]
-                states = torch.cat([aux, last[row, :n, None]], dim=1)  # [n, 4, H]
-                ids = torch.tensor(examples[i].input_ids, dtype=torch.long)
-                mask = torch.tensor(examples[i].loss_mask, dtype=torch.bool)
-                out[i] = (ids, mask, states)
+            feature = backend.forward(example.input_ids)
+            last = pre_norm[0]  # [1, n, H]
+            n = len(example.input_ids)
+            aux = feature["aux_hidden_states"].view(n, len(aux_layer_ids), -1)  # [n, 3, H]
+            states = torch.cat([aux, last[0, :n, None]], dim=1)  # [n, 4, H]
+            ids = torch.tensor(example.input_ids, dtype=torch.long)
+            mask = torch.tensor(example.loss_mask, dtype=torch.bool)
+            out[i] = (ids, mask, states)
     finally:
         hook.remove()
     return out

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import os
 import subprocess
 from collections.abc import Callable
 from functools import cache
@@ -48,8 +47,9 @@ from eaglet.config import (
 from eaglet.config_fields import is_cache_neutral
 from eaglet.draft.methods import METHODS
 from eaglet.engines.registry import engine_spec
+from eaglet.fingerprints import file_fingerprint, model_fingerprint, target_parts
 from eaglet.hidden_states.backends import BACKENDS
-from eaglet.stages import LAYER_IDS, STAGE, PlugIn
+from eaglet.stages import LAYER_IDS, STAGE, TARGET_PART_OF, PlugIn
 from eaglet.storage import Manifest, canonical_json, sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,6 +64,7 @@ NOT_OUTPUT = frozenset(
         "eaglet.preflight",  # checks before a run (a backend's call it): they never write
         "eaglet.run_report",
         "eaglet.errors",
+        "eaglet.fingerprints",  # what a stage reads from outside, fingerprinted for its key
         "eaglet.stage_reasons",  # says why a stage runs, never what it writes
     }
 )  # a package's name stands for its modules too (eaglet.config.train): `is_not_output`
@@ -73,13 +74,6 @@ def is_not_output(module: str) -> bool:
     """Whether `module` is left out of every closure: a `NOT_OUTPUT` module or package, or a
     module of such a package (`eaglet.config.train`, `eaglet.preflight.target`)."""
     return any(module == name or module.startswith(name + ".") for name in NOT_OUTPUT)
-
-
-# Files of a model folder that change what the stages compute. Weights over this size are
-# fingerprinted by size plus their first and last MiB: hashing 100 GB of shards on every run
-# would cost minutes, and a re-exported checkpoint changes its header bytes anyway.
-_FULL_HASH_LIMIT = 256 << 20
-WORK_DIR_MARKER = ".eaglet.lock"  # eaglet.work_dir_lock.LOCK_FILE: every work dir a run used
 
 
 def module_file(module: str, root: Path = ROOT) -> Path | None:
@@ -234,53 +228,6 @@ def code_hash(stage: str, config: PipelineConfig | None = None) -> str:
     return digest.hexdigest()
 
 
-def _file_fingerprint(path: Path) -> str:
-    size = path.stat().st_size
-    if size <= _FULL_HASH_LIMIT:
-        return sha256_file(path)
-    digest = hashlib.sha256(str(size).encode())
-    with open(path, "rb") as handle:
-        digest.update(handle.read(1 << 20))
-        handle.seek(size - (1 << 20))
-        digest.update(handle.read(1 << 20))
-    return "sampled:" + digest.hexdigest()
-
-
-@cache
-def _folder_fingerprint(folder: str, mtimes: tuple[tuple[str, float], ...]) -> str:
-    digest = hashlib.sha256()
-    for name, _ in mtimes:
-        digest.update(f"{name}:{_file_fingerprint(Path(folder) / name)}\n".encode())
-    return digest.hexdigest()
-
-
-def model_fingerprint(model: str, revision: str | None = None, work_dir: str | None = None) -> str:
-    """Content fingerprint of a local model folder; for a hub id, the id and revision. The
-    model's own files only: a work dir inside the folder (`work_dir`, or any folder holding a
-    work dir's lock file) is left out, so a run's own outputs never change the target's key."""
-    folder = Path(model)
-    if not folder.is_dir():
-        return f"hub:{model}@{revision or 'main'}"
-    skip = Path(work_dir).resolve() if work_dir else None
-    files = []
-    for here, folders, names in os.walk(folder):
-        if WORK_DIR_MARKER in names or (skip is not None and Path(here).resolve() == skip):
-            folders.clear()  # an eaglet work dir: not the model's
-            continue
-        folders[:] = sorted(f for f in folders if not f.startswith("."))
-        for name in names:
-            path = Path(here) / name
-            if not name.startswith(".") and path.is_file():
-                files.append((str(path.relative_to(folder)), path.stat().st_mtime))
-    return _folder_fingerprint(str(folder.resolve()), tuple(sorted(files)))
-
-
-def file_fingerprint(path: str) -> str:
-    """Content hash of a local dataset file; hub ids are keyed by their id and revision."""
-    local = Path(path)
-    return _file_fingerprint(local) if local.is_file() else f"hub:{path}"
-
-
 def keyed_fields(model: BaseModel) -> dict[str, Any]:
     """A config section's values but its cache-neutral fields (`eaglet.config.cache_neutral`):
     what can change a stage's output."""
@@ -309,8 +256,9 @@ def keyed_value(config: PipelineConfig, path: str) -> Any:
     """The value a stage key holds for the dotted config path `path` (`eaglet.stages`): model
     folders (the target, train.init_from's draft) and local dataset files by content, config
     sections by their keyed fields."""
-    if path == "target.model":
-        return model_fingerprint(config.target.model, config.target.revision, config.work_dir)
+    if path in TARGET_PART_OF:  # the part of the target's folder the stage reads
+        parts = target_parts(config.target.model, config.target.revision, config.work_dir)
+        return parts[TARGET_PART_OF[path]]
     if path == "datasets":
         return [
             {**d.model_dump(exclude={"path"}), "content": file_fingerprint(d.path)}

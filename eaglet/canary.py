@@ -362,13 +362,13 @@ class _ReasoningCheck:
         self.finished = [g for g in self.generations if g.finish_reason == "stop"]
 
     def warn_cut_answers(self) -> None:
-        """A warning for the answers cut at the token limit."""
-        generations, finished = self.generations, self.finished
-        if len(finished) < len(generations):
+        """A warning for the answers cut at the token limit (not those the loop guard ended:
+        `_none_finished` and the quality gate say those)."""
+        cut = [g for g in self.generations if g.finish_reason == "length"]
+        if cut:
             limit_name = "generation.canary_max_tokens" if self.capped else "generation.max_tokens"
             self.report.warnings.append(
-                f"{len(generations) - len(finished)} of {len(generations)} answers hit "
-                f"{limit_name}={self.max_tokens}"
+                f"{len(cut)} of {len(self.generations)} answers hit {limit_name}={self.max_tokens}"
             )
 
     def content_is_clean(self) -> bool:
@@ -438,12 +438,28 @@ class _ReasoningCheck:
                     f"; they end in token {repeated} ({self.tokenizer.decode([repeated])!r}) "
                     "over and over"
                 )
+            generation, defaults = self.config.generation, type(self.config.generation)()
+            guard = f"generation.loop_ngram={generation.loop_ngram}, loop_repeats=" + str(
+                generation.loop_repeats
+            )
+            tight = generation.loop_ngram * generation.loop_repeats < (
+                defaults.loop_ngram * defaults.loop_repeats
+            )
+            if looped and repeated is None and tight:  # the guard's own settings, first
+                self.report.failures.append(
+                    f"no answer finished: {how}. The loop guard's own settings ({guard}: "
+                    f"{generation.loop_ngram * generation.loop_repeats} tokens of repeats, "
+                    f"against the defaults' {defaults.loop_ngram} x {defaults.loop_repeats}) "
+                    "stop ordinary text, which repeats short n-grams: raise loop_ngram and "
+                    "loop_repeats (or set them back to their defaults) before blaming the target"
+                )
+                return
             self.report.failures.append(
                 f"no answer finished: {how}, so the closing {THINK_CLOSE} cannot be checked. "
                 "A longer generation.max_tokens will not help: the target repeats itself. "
                 "Check the target's weights and target.dtype, the chat template "
                 "(tokenize.chat_template_kwargs) and the sampling (generation.temperature); "
-                "generation.loop_ngram and loop_repeats set when the loop guard stops"
+                f"the loop guard stops at {guard}"
             )
             return
         if self.capped:

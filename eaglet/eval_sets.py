@@ -32,6 +32,12 @@ PROMPT_FIELD = {"gsm8k": "question", "math-500": "problem", "humaneval": "prompt
 CATEGORY_FIELD = {"mt-bench": "category", "math-500": "subject", "speed-bench": "category"}
 
 
+# A hard bound checked before any tokenizing: a prompt of more characters than this many per
+# token of the target's context cannot fit it whatever the tokenizer (a 2 MB turn once kept a
+# tokenizer busy for minutes before its length was known).
+MAX_CHARS_PER_TOKEN = 64
+
+
 class EvalSetError(ValueError):
     """A set file that is not in its format; the message names the file, line and field."""
 
@@ -107,3 +113,15 @@ def read_set(spec: EvalSet) -> list[EvalPrompt]:
         if spec.limit is not None and len(prompts) >= spec.limit:
             break
     return prompts
+
+
+def too_long_to_tokenize(prompt: EvalPrompt, context: int | None) -> str | None:
+    """Why `prompt` is over the target's context without tokenizing it (`MAX_CHARS_PER_TOKEN`
+    characters per token at most), or None."""
+    chars = sum(len(turn) for turn in prompt.turns)
+    if context is not None and chars > context * MAX_CHARS_PER_TOKEN:
+        return (
+            f"{chars:,} characters, over {MAX_CHARS_PER_TOKEN} per token of the "
+            f"{context}-token context"
+        )
+    return None

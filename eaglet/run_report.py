@@ -27,6 +27,9 @@ from eaglet.storage import ManifestError, read_manifest, write_json_atomic
 RUN_FILE = "run.json"
 CONFIG_FILE = "config.yaml"
 REPORT_FILE = "run_report.md"
+# In a stage folder of another work dir: the work dirs whose runs reach it through a symlink
+# (`record_links`), so that gc there keeps what they use (`eaglet.work_dir_gc`).
+LINKS_FILE = ".eaglet-linked-work-dirs"
 
 # What a rerun does with a stage's `.partial` folder (see `eaglet.storage.run_stage` and the
 # `resume_partial` argument of each task): a resumable stage's own note (`Stage.resume_note`),
@@ -81,11 +84,47 @@ def start_run_record(
         "stages": {},
     }
     write_run_record(work_dir, run)
+    record_links(work_dir)
     for stray in work_dir.glob(f".{RUN_FILE}.*.tmp"):  # a writer killed before its rename
         pid = stray.name[len(RUN_FILE) + 2 : -len(".tmp")]
         if pid.isdigit() and not process_alive(int(pid)):
             stray.unlink(missing_ok=True)
     return run
+
+
+def linked_users(stage_folder: Path) -> list[Path]:
+    """The work dirs whose runs reached `stage_folder` through a symlink (`record_links`)."""
+    try:
+        lines = (Path(stage_folder) / LINKS_FILE).read_text().splitlines()
+    except OSError:
+        return []
+    return sorted({Path(line) for line in lines if line.strip()})
+
+
+def record_links(work_dir: Path) -> None:
+    """Name `work_dir` in `.eaglet-linked-work-dirs` of every stage folder of another work dir
+    it reaches through a symlink (the stage folder itself, or a key's folder in it), so that
+    gc of that work dir keeps what this one's run uses."""
+    real = Path(work_dir).resolve()
+    for stage in STAGES:
+        root = Path(work_dir) / stage
+        targets = set()
+        if root.is_symlink():
+            targets.add(root.resolve())
+        elif root.is_dir():
+            targets |= {e.resolve().parent for e in root.iterdir() if e.is_symlink()}
+        for target in targets:
+            if (
+                real in target.parents
+                or not target.is_dir()
+                or str(real) in map(str, linked_users(target))
+            ):
+                continue
+            try:
+                with open(target / LINKS_FILE, "a", encoding="utf-8") as out:
+                    out.write(f"{real}\n")
+            except OSError:  # a read-only share: its owner's gc cannot know of us
+                pass
 
 
 def process_alive(pid: int) -> bool:

@@ -233,10 +233,19 @@ def plan_run(
                 reasons.append(f"{estimate[0]} samples reused, {estimate[1]} computed")
         plans.append(StagePlan(spec.name, "runs", key, reasons))
         running[spec.name] = [spec.name]
-        previous = previous_folder(work_dir, spec.name, key)
+        previous = _own_folder(work_dir, spec.name, key) if refresh else None
+        previous = previous or previous_folder(work_dir, spec.name, key)
         if previous is not None:  # assume it writes what it wrote before (early cutoff)
             outputs[spec.output] = previous
     return plans
+
+
+def _own_folder(work_dir: Path, stage: str, key: str) -> Manifest | None:
+    """The complete folder of `key` itself (a refresh sets it aside and writes it again)."""
+    try:
+        return check_stage_folder(stage_folder(work_dir, stage, key))
+    except (ManifestError, StageCorruptError):
+        return None
 
 
 def generations_reused(

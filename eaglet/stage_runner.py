@@ -55,4 +55,5 @@ def run_stage_body(
         code_modules=modules,
         why=why,
         warn=context.warning,
+        read_later=spec.read_later,
     )

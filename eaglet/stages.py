@@ -48,6 +48,20 @@ ACCEPTANCE_PLOT_FILE = "acceptance.png"  # evaluate
 # A keyed value that is no config field: the target layers the run's draft method reads
 # (`eaglet.hidden_states.layers.layer_ids_of`), so a method's default keys what it extracts.
 LAYER_IDS = "hidden_states.layer_ids"
+# Keyed values that are no config field either: the parts of the target's folder a stage
+# reads, each by its files' content (`eaglet.fingerprints.target_parts`), so a file no stage
+# reads (a README) keys nothing and a template edit leaves generate's settings as they were
+# (its per-sample reuse holds).
+TARGET_WEIGHTS = "target.weights"  # the weights, config.json, the model's code
+TARGET_TOKENIZER = "target.tokenizer"  # vocabulary and special tokens
+TARGET_TEMPLATE = "target.chat_template"
+TARGET_GENERATION = "target.generation_config"  # end tokens, sampling defaults
+TARGET_PART_OF = {
+    TARGET_WEIGHTS: "weights",
+    TARGET_TOKENIZER: "tokenizer",
+    TARGET_TEMPLATE: "chat_template",
+    TARGET_GENERATION: "generation_config",
+}
 # The registries a stage can plug an entry of into its work, the one the config chooses:
 # "engine" (`generation.engine`, eaglet.engines.registry), "backend" (`hidden_states.backend`,
 # eaglet.hidden_states.backends), "method" (`train.method`, eaglet.draft.methods).
@@ -79,6 +93,10 @@ class Stage:
     # names none (the one a user typed that such faults most often come from).
     retry_setting: str = ""
     shown_files: tuple[str, ...] = ()  # what the pipeline picture lists beside `files`
+    # The files later stages read (globs in its folder): its output hash, which keys them,
+    # covers only these (`Manifest.output_hash`), so a rerun that wrote the same of them but
+    # other timings or plots leaves them Cached. Empty: every file. Kept in its manifest.
+    read_later: tuple[str, ...] = ()
     reads_online: tuple[str, ...] | None = None  # `reads` with train.hidden_states=online
     keyed_by_online: tuple[str, ...] = ()  # keyed besides with train.hidden_states=online
     skipped_online: bool = False  # not run with train.hidden_states=online
@@ -116,7 +134,10 @@ class Stage:
 
     def key_paths(self, config: PipelineConfig) -> tuple[str, ...]:
         """The config values this stage's key holds under `config`."""
-        return self.keyed_by + (self.keyed_by_online if _online(config) else ())
+        paths = self.keyed_by + (self.keyed_by_online if _online(config) else ())
+        if self.regenerates_turns and config.tokenize.regenerate == "all":
+            paths += (TARGET_TEMPLATE,)  # it renders the later turns itself
+        return paths
 
     def runs(self, config: PipelineConfig) -> bool:
         return not (self.skipped_online and _online(config))
@@ -182,7 +203,9 @@ STAGE_LIST: tuple[Stage, ...] = (
         # the sampling plan is chosen per row here (its reasoning effort is in the prompt)
         keyed_by=(
             "tokenize",
-            "target.model",
+            TARGET_TOKENIZER,
+            TARGET_TEMPLATE,
+            TARGET_WEIGHTS,  # config.json: the context a prompt must fit
             "generation.sampling_plan",
             "generation.sampling_plan_mode",
             "generation.seed",
@@ -194,7 +217,7 @@ STAGE_LIST: tuple[Stage, ...] = (
         output="generations",
         reads=("prompts",),
         files=(GENERATIONS_FILE, FAILED_FILE, TURN_PROMPTS_FILE),
-        keyed_by=("generation", "target.model"),
+        keyed_by=("generation", TARGET_WEIGHTS, TARGET_TOKENIZER, TARGET_GENERATION),
         resumes=True,  # appends records as they arrive; a rerun sends only the missing ones
         resume_note=f"keeps the records already in {GENERATIONS_FILE} and sends only the "
         "prompts not written yet (failed samples are tried again)",
@@ -209,7 +232,7 @@ STAGE_LIST: tuple[Stage, ...] = (
         output="examples",
         reads=("generations", "prompts"),
         files=(EXAMPLES_FILE, QUALITY_FILE),
-        keyed_by=("reasoning", "target.model"),
+        keyed_by=("reasoning", TARGET_TOKENIZER, TARGET_TEMPLATE, TARGET_GENERATION),
         figures="eaglet.stage_bodies.figures:extract",
     ),
     Stage(
@@ -217,7 +240,7 @@ STAGE_LIST: tuple[Stage, ...] = (
         output="features",
         reads=("examples",),
         files=(),  # safetensors shards and index.jsonl (eaglet.hidden_states.shards)
-        keyed_by=("hidden_states", LAYER_IDS, "target.model", "target.dtype"),
+        keyed_by=("hidden_states", LAYER_IDS, TARGET_WEIGHTS, "target.dtype"),
         resumes=True,
         resume_note="keeps every finished shard and computes only the samples not in one",
         figures="eaglet.stage_bodies.figures:hidden_states",
@@ -232,11 +255,17 @@ STAGE_LIST: tuple[Stage, ...] = (
         output="draft",
         reads=("features",),
         files=(),  # the draft folders (eaglet.draft.export) and the training state
-        keyed_by=("train", "target.model"),
+        keyed_by=(
+            "train",
+            TARGET_WEIGHTS,
+            TARGET_TOKENIZER,
+            TARGET_GENERATION,
+        ),  # end tokens: keep_best=tau
         resumes=True,
         resume_note=f"resumes training from the last checkpoint in {TRAIN_STATE_FOLDER}/",
         figures="eaglet.stage_bodies.figures:train",
         shown_files=(f"{DRAFT_FOLDER}/ (+ sglang,", "speculators exports)", LOSS_PLOT_FILE),
+        read_later=(f"{DRAFT_FOLDER}/*",),  # not the timings, plot, state or other exports
         reads_online=("examples",),
         # Online, train computes the features itself: what decides them is keyed here.
         keyed_by_online=(LAYER_IDS, "target.dtype"),
@@ -249,7 +278,7 @@ STAGE_LIST: tuple[Stage, ...] = (
         output="report",
         reads=("draft", "prompts"),
         files=(REPORT_FILE,),
-        keyed_by=("evaluate", "target.model"),
+        keyed_by=("evaluate", *TARGET_PART_OF),
         figures="eaglet.stage_bodies.figures:evaluate",
         shown_files=(ACCEPTANCE_PLOT_FILE,),
         holds_device=True,  # the target and the draft

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ class SealError(PermanentError, ValueError):
     the stage counted: the folder stays `.partial` (never sealed); the message names each line."""
 
 
-LATER_FIELDS = ("code_modules", "upstream_outputs", "why")
+LATER_FIELDS = ("code_modules", "upstream_outputs", "why", "read_later")
 
 
 class Manifest(BaseModel):
@@ -85,6 +86,10 @@ class Manifest(BaseModel):
         default_factory=dict, description="stage -> output_hash of what it read"
     )
     why: list[str] = Field(default_factory=list, description="why it ran, one reason a line")
+    read_later: list[str] = Field(
+        default_factory=list,
+        description="globs of the files later stages read (`Stage.read_later`); empty: all",
+    )
 
     def folder_in(self, work_dir: str | Path) -> Path:
         """The stage folder this manifest describes, inside `work_dir`."""
@@ -99,10 +104,14 @@ class Manifest(BaseModel):
         ).hexdigest()
 
     def output_hash(self) -> str:
-        """What the stage wrote, by content: its files' sha256 and sizes and its counts. A later
-        stage's key holds this, not this stage's key, so a stage that ran again (a code edit)
-        and wrote the same bytes leaves every later stage Cached (early cutoff)."""
-        written = {"stage": self.stage, "files": self.files, "counts": self.counts}
+        """What the stage wrote for later stages, by content: the sha256 and size of the files
+        they read (`Stage.read_later`: train's draft, not its timings) and its counts. A
+        later stage's key holds this, not this stage's key, so a stage that ran again (a code
+        edit) and wrote the same bytes leaves every later stage Cached (early cutoff)."""
+        files = self.files
+        if self.read_later:
+            files = {n: e for n, e in files.items() if any(fnmatch(n, g) for g in self.read_later)}
+        written = {"stage": self.stage, "files": files, "counts": self.counts}
         return hashlib.sha256(canonical_json(written).encode()).hexdigest()
 
 
@@ -363,6 +372,7 @@ def run_stage(
     code_modules: dict[str, str] | None = None,
     why: list[str] | None = None,
     warn: Callable[[str], None] | None = None,
+    read_later: tuple[str, ...] = (),
 ) -> Manifest:
     """Run `body(partial_folder)` unless the stage folder for `key` is already complete.
 
@@ -375,7 +385,8 @@ def run_stage(
     line per sample id, as many lines as the body's `records` count (`SealError` otherwise).
     A stage folder with files but no manifest (deleted, or a copy cut short) is never rebuilt
     silently: a resumable stage carries on from its files as a partial folder, and `warn` is
-    told either way.
+    told either way. `read_later`: the globs of the files later stages read, which alone its
+    output hash covers (`Manifest.output_hash`).
     """
     final = stage_folder(work_dir, stage, key)
     partial = final.with_name(final.name + PARTIAL_SUFFIX)
@@ -416,6 +427,7 @@ def run_stage(
         code_modules=code_modules or {},
         upstream_outputs={m.stage: m.output_hash() for m in upstream},
         why=why or [],
+        read_later=list(read_later),
     )
     _publish(manifest, partial, final)
     return manifest

@@ -119,11 +119,12 @@ def vllm_server(
     startup_timeout_s: float,
     env: dict[str, str] | None = None,
     timeout_setting: str = "the startup timeout",
+    cwd: Path | None = None,
 ) -> Iterator[str]:
     """Run `command` (a vLLM OpenAI server on 127.0.0.1, its `--port` in it) in its own process
-    group with `env` added to this environment, wait for `/health`, yield the base URL, and
-    stop the whole group afterwards. `timeout_setting` names the config key of the timeout in
-    the error."""
+    group with `env` added to this environment (in the folder `cwd`, default this one), wait
+    for `/health`, yield the base URL, and stop the whole group afterwards. `timeout_setting`
+    names the config key of the timeout in the error."""
     port = command[command.index("--port") + 1]
     base_url = f"http://127.0.0.1:{port}"
     full_env = {**os.environ, **(env or {})}
@@ -131,8 +132,9 @@ def vllm_server(
     log_path = Path(log_path)
     with open(log_path, "w") as log:
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
-        )
+            command, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
+            cwd=cwd,
+        )  # fmt: skip
         try:
             deadline = time.time() + startup_timeout_s
             answered_by_another = False

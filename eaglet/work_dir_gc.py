@@ -1,23 +1,46 @@
-"""`eaglet gc WORK_DIR`: the stage folders no run uses any more, and their removal.
+"""`eaglet gc WORK_DIR`: the stage folders nothing uses any more, and their removal.
 
-What the last run used is kept: each stage folder `run.json` names, and that key's `.partial`
-folder (a failed run resumes it). Everything else under a stage's folder is superseded: folders
-of other keys (an earlier code or config), folders set aside by `--refresh-from`
-(`.replaced-…`) and partial folders of other keys. Nothing is removed without being listed
-first; the caller removes only after the person said so (`--yes`). A superseded folder is also
-what per-sample reuse (`eaglet.reuse`) copies from: removing it means a later change computes
-every sample again.
+A folder is kept whenever anything may still use it:
+
+- a key the work dir's current config (`WORK_DIR/config.yaml`, the last run's) computes for any
+  stage, as `eaglet run --plan` does: after `--until extract`, that config's hidden_states,
+  train and evaluate folders are still its Cached ones; and each such key's `.partial` folder;
+- a key the last run recorded (`run.json`), and its `.partial` folder (a failed run resumes it);
+- the current draft's train folder (`draft.json`: what serves the target, `eaglet.refresh`);
+- what another work dir uses through a symlink into this one: every run names its work dir in
+  `.eaglet-linked-work-dirs` of each stage folder of another work dir it reaches through a
+  link (`eaglet.run_report.record_links`); that work dir's `run.json` keys are kept, and while
+  a run holds it (its lock), nothing in that stage folder is removed.
+
+Only eaglet's own folders are ever listed: a key's folder holding a manifest, a `.partial`
+folder, a folder set aside by `--refresh-from` (`.replaced-…`). A user's folder in a stage
+folder (`train/my_backup/`) is not eaglet's and is never touched. Nothing is reached through a
+symlink: a stage folder or an entry of one that is a symlink is left alone and said. What is
+listed is what is removed: `remove` takes the same list and checks each entry again first.
+A superseded folder is also what per-sample reuse (`eaglet.reuse`) copies from: removing it
+means a later change computes every sample again.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from eaglet.run_report import RUN_FILE, read_run_record
+from eaglet import work_dir_lock
+from eaglet.run_report import CONFIG_FILE, RUN_FILE, linked_users
 from eaglet.stages import STAGES
-from eaglet.storage import PARTIAL_SUFFIX
+from eaglet.storage import MANIFEST, PARTIAL_SUFFIX
+
+KEY = re.compile(r"^[0-9a-f]{20}$")
+SET_ASIDE = re.compile(r"^[0-9a-f]{20}\.replaced-(partial-)?\d+$")
+
+
+class NothingKnownInUse(ValueError):
+    """The work dir has no record of what a run uses: gc removes nothing."""
 
 
 @dataclass(frozen=True)
@@ -26,34 +49,130 @@ class Superseded:
     bytes: int
 
 
+@dataclass
+class Survey:
+    """What `survey` found: the folders to remove, and what it left alone and why."""
+
+    superseded: list[Superseded] = field(default_factory=list)
+    kept: int = 0  # eaglet's folders something uses
+    not_followed: list[str] = field(default_factory=list)  # symlinks, one line each
+    held: list[str] = field(default_factory=list)  # stage folders a live run may write
+    notes: list[str] = field(default_factory=list)
+
+
 def folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def superseded_folders(work_dir: Path) -> list[Superseded]:
-    """Every stage folder the last run did not use, with its size. Raises `ValueError` when
-    the work dir has no run record (then nothing is known to be in use)."""
-    run = read_run_record(work_dir)
-    if run is None:
-        raise ValueError(
-            f"{work_dir} has no {RUN_FILE}: no run is recorded, so nothing is known to be in use; "
-            "run the pipeline once first"
+def _run_keys(work_dir: Path) -> dict[str, set[str]] | None:
+    """stage -> the keys a work dir's `run.json` names (None without a readable record)."""
+    try:
+        run = json.loads((Path(work_dir) / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    keys: dict[str, set[str]] = {}
+    for stage, entry in (run.get("stages") or {}).items():
+        if isinstance(entry, dict) and entry.get("key"):
+            keys.setdefault(stage, set()).add(str(entry["key"]))
+    return keys
+
+
+def _plan_keys(work_dir: Path) -> tuple[dict[str, set[str]], str | None]:
+    """stage -> the keys the work dir's current config computes (as `--plan` does), and a
+    note when there is no such config to read."""
+    from eaglet.config import ConfigError, load_config
+    from eaglet.stage_reasons import plan_run
+
+    config_file = Path(work_dir) / CONFIG_FILE
+    if not config_file.is_file():
+        return {}, f"no {CONFIG_FILE}: only the keys {RUN_FILE} names are known to be in use"
+    try:  # where the work dir is now, whatever its config says (a work dir moves)
+        config = load_config(str(config_file), [f"work_dir={Path(work_dir).resolve()}"])
+    except ConfigError as exc:
+        raise NothingKnownInUse(
+            f"{config_file} cannot be read ({exc}): what its config uses is unknown, so gc "
+            "removes nothing; run the pipeline once with a config that loads"
+        ) from None
+    keys: dict[str, set[str]] = {}
+    for plan in plan_run(config):
+        if plan.key:
+            keys.setdefault(plan.stage, set()).add(plan.key)
+    return keys, None
+
+
+def survey(work_dir: Path) -> Survey:
+    """Every stage folder of `work_dir` that nothing uses (see the module's docstring), with
+    its size. Raises `NothingKnownInUse` when the work dir records no run."""
+    work_dir = Path(work_dir)
+    run_keys = _run_keys(work_dir)
+    if run_keys is None:
+        raise NothingKnownInUse(
+            f"{work_dir} has no {RUN_FILE}: no run is recorded, so nothing is known to be in "
+            "use; run the pipeline once first"
         )
-    keep = {stage: entry.get("key") for stage, entry in run.get("stages", {}).items()}
-    found = []
+    plan_keys, note = _plan_keys(work_dir)
+    promoted = work_dir / "draft.json"  # eaglet.refresh.PROMOTED_FILE
+    if promoted.is_file():
+        try:
+            run_keys.setdefault("train", set()).add(json.loads(promoted.read_text())["train_key"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise NothingKnownInUse(
+                f"{promoted} cannot be read ({exc}): gc removes nothing"
+            ) from None
+    found = Survey(notes=[note] if note else [])
+    real_work_dir = work_dir.resolve()
     for stage in STAGES:
-        root = Path(work_dir) / stage
-        for entry in sorted(root.iterdir()) if root.is_dir() else ():
-            kept = keep.get(stage)
-            if entry.is_dir() and kept and entry.name in (kept, kept + PARTIAL_SUFFIX):
+        root = work_dir / stage
+        if root.is_symlink():
+            found.not_followed.append(
+                f"{stage}/ -> {os.readlink(root)}: a symlink; its folders belong to the work "
+                "dir it points into (gc that one)"
+            )
+            continue
+        if not root.is_dir():
+            continue
+        in_use = run_keys.get(stage, set()) | plan_keys.get(stage, set())
+        users = [u for u in linked_users(root) if u.resolve() != real_work_dir]
+        live = [u for u in users if work_dir_lock.is_held(u)]
+        if live:
+            found.held.append(
+                f"{stage}/: a run of {live[0]} (linked here) holds its work dir now; nothing "
+                "in this stage folder is removed while it runs"
+            )
+            continue
+        for user in users:
+            in_use |= (_run_keys(user) or {}).get(stage, set())
+        for entry in sorted(root.iterdir()):
+            if entry.is_symlink():
+                found.not_followed.append(f"{stage}/{entry.name} -> {os.readlink(entry)}")
                 continue
-            if entry.is_dir():
-                found.append(Superseded(entry, folder_bytes(entry)))
+            if not entry.is_dir():
+                continue
+            name = entry.name
+            key = name.removesuffix(PARTIAL_SUFFIX)
+            ours = (
+                (KEY.match(name) and (entry / MANIFEST).is_file())
+                or (name.endswith(PARTIAL_SUFFIX) and KEY.match(key))
+                or SET_ASIDE.match(name)
+            )
+            if not ours:
+                continue  # not a folder eaglet wrote: never listed
+            if key in in_use:
+                found.kept += 1
+                continue
+            found.superseded.append(Superseded(entry, folder_bytes(entry)))
     return found
 
 
-def remove(folders: list[Superseded]) -> int:
-    """Remove the listed folders; returns the bytes freed."""
+def remove(folders: list[Superseded], work_dir: Path) -> int:
+    """Remove the listed folders (each checked again: a real folder inside `work_dir`);
+    returns the bytes freed."""
+    real = Path(work_dir).resolve()
+    freed = 0
     for item in folders:
-        shutil.rmtree(item.folder)
-    return sum(item.bytes for item in folders)
+        folder = Path(item.folder)
+        if folder.is_symlink() or real not in folder.resolve().parents:
+            raise RuntimeError(f"{folder} is not a folder of {work_dir} itself: not removed")
+        shutil.rmtree(folder)
+        freed += item.bytes
+    return freed

@@ -169,6 +169,27 @@ def release(work_dir: str | Path) -> None:
             os.close(held.fd)
 
 
+def is_held(work_dir: str | Path) -> bool:
+    """Whether a live run holds `work_dir`'s lock now (this process's own takes count: it
+    holds it); a work dir that was never run, or whose holder died, is not held."""
+    folder = Path(work_dir)
+    if str(folder.resolve()) in _held:
+        return True
+    try:
+        fd = os.open(lock_path(folder), os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
 def took_over_message(work_dir: str | Path, previous: dict[str, Any]) -> str:
     return (
         f"work dir {work_dir}: took over the lock of a run that ended without releasing it "

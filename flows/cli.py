@@ -21,6 +21,8 @@ from eaglet import work_dir_lock
 from eaglet.config import ConfigError, PipelineConfig, load_config
 from eaglet.draft.sampled import sampled_text
 from eaglet.draft.segments import segments_text
+from eaglet.eval_sets import EvalSetError
+from eaglet.fixture.corpus import CORPORA
 from eaglet.fixture.demo import ensure_demo_inputs
 from eaglet.fixture.real_shape import SHAPES as REAL_SHAPES
 from eaglet.fixture.real_tokenizers import TOKENIZERS as REAL_TOKENIZERS
@@ -176,21 +178,35 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_plan(config: PipelineConfig, until: str, refresh_from: str | None) -> None:
-    """`eaglet run --plan`: per stage, Cached or why it runs; nothing runs, no lock taken."""
+def print_plan(config: PipelineConfig, until: str, refresh_from: str | None) -> int:
+    """`eaglet run --plan`: the preflight and the lock first, as the run meets them, then per
+    stage Cached or why it runs; nothing runs, no lock taken. 2 when the preflight would
+    refuse the run (then no stage would run, and none is listed)."""
+    from eaglet.preflight import preflight
     from eaglet.stage_reasons import plan_run
 
     print(f"plan for {config.work_dir} (nothing runs):")
+    report = preflight(config, until)
+    if report.problems:
+        print("preflight: the run would be refused before any stage:")
+        for problem in report.problems:
+            print(f"  problem: {problem}")
+        return 2
+    print("preflight: ok")
+    if work_dir_lock.is_held(config.work_dir):
+        holder = work_dir_lock.describe(work_dir_lock.read_holder(config.work_dir))
+        print(f"lock: another run holds the work dir now ({holder}): `eaglet run` would exit "
+              f"{WORK_DIR_LOCKED_EXIT} at once, a run from the UI would wait for it")  # fmt: skip
     for stage in plan_run(config, until, refresh_from):
         print(stage.line())
+    return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     started = time.time()
     config = load_config(args.config, args.set)
     if args.plan:
-        print_plan(config, args.until, args.refresh_from)
-        return 0
+        return print_plan(config, args.until, args.refresh_from)
     args.run_started, args.loaded_config = started, config  # for main's error report
     with work_dir_lock.held(config.work_dir):  # a second run fails here, before any start-up
         result = _run_pipeline(config, args.until, args.refresh_from, args.retry_failed)
@@ -203,14 +219,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     """τ of any draft folder (eaglet's exports, speculators' layout, a vLLM EAGLE-3, P-EAGLE or
     DFlash checkpoint) on the config's evaluation sets, without training: a published draft
-    and your own side by side on the same prompts (the same sha256)."""
+    and your own side by side on the same prompts (the same sha256). A draft that cannot be
+    scored (not a draft, weights cut short, NaN or inf in them) is refused in one line."""
     from eaglet.draft.set_evaluation import evaluate_sets
+    from eaglet.preflight.train import draft_folder_problem
     from eaglet.target import end_token_ids, load_tokenizer
 
     config = load_config(args.config, args.set)
     draft = Path(args.draft)
-    if not (draft / "config.json").is_file():
-        print(f"error: {draft} holds no config.json: give a draft folder", file=sys.stderr)
+    problem = draft_folder_problem(draft)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if args.config is None and not Path(config.target.model).exists():
+        print(f"error: no --config, and the demo's target {config.target.model} is not "
+              "here (run `eaglet demo` first, or give --config CONFIG.yaml)",
+              file=sys.stderr)  # fmt: skip
         return 2
     if not config.evaluate.sets:
         print("error: no evaluate.sets to measure: --set 'evaluate.sets=[{name: gsm8k, "
@@ -218,18 +242,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 2
     tokenizer = load_tokenizer(config.target)
     eos = end_token_ids(config.target, tokenizer)
-    report = evaluate_sets(
-        config.evaluate.sets, draft, config.target, tokenizer, config.evaluate,
-        config.tokenize.chat_template_kwargs, eos, progress=print,
-    )  # fmt: skip
+    try:
+        report = evaluate_sets(
+            config.evaluate.sets, draft, config.target, tokenizer, config.evaluate,
+            config.tokenize.chat_template_kwargs, eos, progress=print,
+        )  # fmt: skip
+    except (EvalSetError, KeyError, ValueError, RuntimeError, OSError) as exc:
+        print(f"error: {draft} cannot be scored against {config.target.model}: "
+              f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else exc!r}",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if args.json:
         print(json.dumps({"draft": str(draft.resolve()), "sets": report}, indent=2))
         return 0
     print(f"draft {draft.resolve()} ({next(iter(report.values()))['method']})")
     for name, figures in report.items():
+        left_out = figures.get("skipped", [])
+        skipped = f", {len(left_out)} over the context left out" if left_out else ""
         print(
             f"  {name:<12} τ {figures['tau']:.3f}  emitted τ {figures['emitted_tau']:.3f}  "
-            f"{figures['rounds']} rounds, {figures['prompts']} prompts, k "
+            f"{figures['rounds']} rounds, {figures['prompts']} prompts{skipped}, k "
             f"{figures['num_speculative_tokens']}, sha256 {figures['prompts_sha256'][:16]}"
         )
     return 0
@@ -302,9 +334,9 @@ def _doctor_canary(config: PipelineConfig, tokenizer: Any) -> list[str]:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    """List the stage folders no run uses any more and their sizes; remove them with --yes."""
+    """List the stage folders nothing uses any more and their sizes; remove them with --yes."""
     from eaglet.hidden_states.budget import human
-    from eaglet.work_dir_gc import remove, superseded_folders
+    from eaglet.work_dir_gc import NothingKnownInUse, remove, survey
 
     work_dir = Path(args.work_dir)
     if not work_dir.is_dir() or not is_work_dir(work_dir):
@@ -312,20 +344,26 @@ def cmd_gc(args: argparse.Namespace) -> int:
         return 2
     with work_dir_lock.held(work_dir):  # never while a run uses the work dir
         try:
-            folders = superseded_folders(work_dir)
-        except ValueError as exc:
+            found = survey(work_dir)
+        except NothingKnownInUse as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        for line in found.notes + found.held:
+            print(f"note: {line}")
+        for line in found.not_followed:
+            print(f"not followed (a symlink): {line}")
+        folders = found.superseded
         total = sum(f.bytes for f in folders)
         for item in folders:
             print(f"  {human(item.bytes):>10}  {item.folder.relative_to(work_dir)}")
+        kept = f"{found.kept} folders in use kept (the current config's keys, the last run's)"
         if not folders:
-            print(f"nothing to free in {work_dir}: every stage folder is the last run's")
+            print(f"nothing to free in {work_dir}: {kept}")
         elif not args.yes:
-            print(f"{len(folders)} folders, {human(total)}: the last run used none of them; "
-                  "run again with --yes to remove them")  # fmt: skip
+            print(f"{len(folders)} folders, {human(total)}, that nothing uses; {kept}. Run "
+                  "again with --yes to remove them")  # fmt: skip
         else:
-            print(f"removed {len(folders)} folders, freed {human(remove(folders))}")
+            print(f"removed {len(folders)} folders, freed {human(remove(folders, work_dir))}")
     return 0
 
 
@@ -447,7 +485,17 @@ def cmd_fixture_model(args: argparse.Namespace) -> int:
         if args.layers is not None or args.vocab_size is not None or args.tokenizer is not None:
             print("error: --layers, --vocab-size and --tokenizer go with --shape", file=sys.stderr)
             return 2
-        path = build_fixture_model(Path(args.out_dir), seed=args.seed)
+        if args.corpus != "fixture" and args.continue_from is None:
+            print("error: --corpus goes with --continue-from", file=sys.stderr)
+            return 2
+        if args.continue_from is not None and not (args.continue_from / "fixture.json").is_file():
+            print(f"error: --continue-from {args.continue_from} is not a fixture model folder",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        path = build_fixture_model(
+            Path(args.out_dir), seed=args.seed, train_steps=args.steps,
+            continue_from=args.continue_from, corpus=args.corpus,
+        )  # fmt: skip
     else:
         try:
             path = build_real_shape_model(
@@ -552,6 +600,16 @@ def build_parser() -> argparse.ArgumentParser:
         choices=REAL_SHAPES,
         help="a real model's shapes, random weights, its real tokenizer and chat template",
     )
+    fixture.add_argument(
+        "--continue-from", type=Path, metavar="FIXTURE",
+        help="train a fixture model further (its tokenizer kept): a target that drifted",
+    )  # fmt: skip
+    fixture.add_argument(
+        "--corpus", choices=CORPORA, default="fixture",
+        help="what it trains on: the fixture's conversations, or 'restyled' (the same tasks, "
+        "reasoning in other words; with --continue-from)",
+    )  # fmt: skip
+    fixture.add_argument("--steps", type=int, help="training steps (default 250; continued: 150)")
     fixture.add_argument("--layers", type=int, help="with --shape: fewer layers, same width")
     fixture.add_argument(
         "--vocab-size", type=int, help="with --shape: more embedding and lm_head rows"
@@ -599,9 +657,25 @@ def _run_command(args: argparse.Namespace) -> int:
     except Exception as exc:  # a failed stage: its message says what and where
         if args.command not in ("demo", "run"):
             raise
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"error: {_failure_line(exc, args)}", file=sys.stderr)
         print(_after_failure(args), file=sys.stderr)
         return 1
+
+
+def _failure_line(exc: BaseException, args: argparse.Namespace) -> str:
+    """The last line of a failed run: the error as the stage said it; a full disk met outside
+    a stage's folder (the run's records, Prefect's files) names the file and the work dir."""
+    from eaglet.storage import DiskFullError, is_disk_full
+
+    if is_disk_full(exc) and not isinstance(exc, DiskFullError):
+        config = getattr(args, "loaded_config", None)
+        where = getattr(exc, "filename", None) or (config.work_dir if config else "the work dir")
+        return (
+            f"DiskFullError: No space left on device while writing {where}: free space on its "
+            "filesystem (or move work_dir), then run the same command again; finished stages "
+            "are kept"
+        )
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _interrupted(exc: BaseException) -> int:

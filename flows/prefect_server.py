@@ -201,9 +201,24 @@ SERVER_WAIT_S = 120
 NO_SERVER_STARTING_WAIT_S = 5
 
 
-def prefect_server_starting(proc: Path = Path("/proc")) -> bool | None:
+DEFAULT_SERVER_PORT = 4200  # `prefect server start` without --port
+
+
+def _port_of(words: list[bytes]) -> int:
+    """The port a server's command line names (`--port N` or `--port=N`), else Prefect's."""
+    for i, word in enumerate(words):
+        value = words[i + 1] if word == b"--port" and i + 1 < len(words) else None
+        if word.startswith(b"--port="):
+            value = word.split(b"=", 1)[1]
+        if value is not None and value.isdigit():
+            return int(value)
+    return DEFAULT_SERVER_PORT
+
+
+def prefect_server_starting(proc: Path = Path("/proc"), port: int | None = None) -> bool | None:
     """Whether a `prefect server start` (or Prefect's API app, `prefect.server...`, under
-    uvicorn) runs on this machine; None where /proc cannot say."""
+    uvicorn) runs on this machine, for `port` when one is given (a server on another port
+    will never answer this one); None where /proc cannot say."""
     if not proc.is_dir():
         return None
     for entry in proc.iterdir():
@@ -218,7 +233,8 @@ def prefect_server_starting(proc: Path = Path("/proc")) -> bool | None:
             for a, b in zip(words, words[1:], strict=False)
         )
         if cli or any(word.startswith(b"prefect.server") for word in words):
-            return True  # `prefect server start`, or its API app under uvicorn
+            if port is None or _port_of(words) == port:
+                return True  # `prefect server start`, or its API app under uvicorn
     return False
 
 
@@ -227,9 +243,11 @@ def server_wait_s(api_url: str) -> float:
     a few seconds for a loopback URL no process on this machine is starting a server for."""
     from urllib.parse import urlparse
 
-    host = urlparse(api_url).hostname or ""
+    url = urlparse(api_url)
+    host = url.hostname or ""
     loopback = host in ("localhost", "::1") or host.startswith("127.")
-    if loopback and prefect_server_starting() is False:
+    port = url.port or (443 if url.scheme == "https" else 80)
+    if loopback and prefect_server_starting(port=port) is False:
         return NO_SERVER_STARTING_WAIT_S
     return SERVER_WAIT_S
 

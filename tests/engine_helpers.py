@@ -1,5 +1,6 @@
 """What the engine and canary tests share: the toy tokenizer, prompts, configs and engines
-pointed at the fake servers of tests/fake_servers.py."""
+pointed at the fake servers of tests/fake_servers.py; the fixture target's own conversations as
+prompts (`fixture_prompts`)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,28 @@ def collect(engine, prompts) -> list[Generation | Failure]:
         return [item async for item in engine.generate_async(prompts)]
 
     return asyncio.run(run())
+
+
+def fixture_prompts(tokenizer, n: int, stream: str = "eval") -> list[Prompt]:
+    """Fixture conversations (plain, multi-turn and tool calls), as the tokenize stage renders
+    them."""
+    from eaglet.fixture.corpus import generate_conversations, prompt_and_target
+
+    prompts = []
+    for i, conversation in enumerate(generate_conversations(n, 1, stream=stream)):
+        context, _ = prompt_and_target(conversation)
+        text = tokenizer.apply_chat_template(
+            context["messages"], tools=context["tools"], add_generation_prompt=True,
+            tokenize=False,
+        )  # fmt: skip
+        prompts.append(
+            Prompt(
+                sample_id=f"v{i}",
+                source=stream,
+                prompt_ids=tokenizer(text, add_special_tokens=False)["input_ids"],
+                prompt_text=text,
+                messages=context["messages"],
+                tools=context["tools"],
+            )
+        )
+    return prompts

@@ -214,12 +214,24 @@ def test_answers_the_loop_guard_stopped_are_not_told_to_raise_max_tokens():
     that emits token 0 forever, were told to "raise generation.max_tokens". A longer limit
     cannot help either: the failure says the target repeats itself and what to check."""
     with serve(FakeServer(TOKENIZER, loop_share=1.0)) as url:
-        config = make_config([url], max_tokens=4096, loop_ngram=4, loop_repeats=3)
+        config = make_config([url], max_tokens=4096)  # the guard at its defaults
         report = run_canary(config, TOKENIZER, PROMPTS, engine_for(config))
     assert not report.ok
     [failure] = report.failures
     assert "stopped by the loop guard (finish_reason loop" in failure, failure
     assert "will not help" in failure and "raise generation.max_tokens" not in failure
+    assert "loop_ngram=32, loop_repeats=8" in failure  # what stopped them, named
+    assert not any("hit generation" in w for w in report.warnings), report.warnings
+
+    # Issue 46: a guard tighter than ordinary text (2 x 2) stopped every answer: its own
+    # settings are named first, and the target is not blamed
+    with serve(FakeServer(TOKENIZER, loop_share=1.0)) as url:
+        config = make_config([url], max_tokens=4096, loop_ngram=2, loop_repeats=2)
+        report = run_canary(config, TOKENIZER, PROMPTS, engine_for(config))
+    [failure] = report.failures
+    assert "loop guard's own settings (generation.loop_ngram=2, loop_repeats=2" in failure
+    assert "repeats itself" not in failure, failure
+    assert not any("hit generation" in w for w in report.warnings), report.warnings
 
     with serve(TokenZeroForever(TOKENIZER)) as url:
         config = make_config([url], max_tokens=64, loop_guard=False)

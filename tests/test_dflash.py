@@ -169,3 +169,18 @@ def test_training_on_shards_lowers_the_loss_and_drafts_the_targets_tokens(tmp_pa
     tau = evaluate_loaded(trained, **common)["tau"]
     untrained = evaluate_loaded(method.fresh_like(trained, 0), **common)["tau"]
     assert tau > untrained, (tau, untrained)
+
+
+def test_a_mask_token_an_answer_holds_is_refused_before_any_stage(fixture_model_dir):
+    """Issue 46: train.dflash.mask_token_id equal to the target's end-of-answer token was taken
+    without a word; the preflight names the token and why (an unused id passes)."""
+    from eaglet.config import load_config
+    from eaglet.preflight import preflight
+
+    base = [f"target.model={fixture_model_dir}", "train.method=dflash",
+            "evaluate.num_speculative_tokens=4", "evaluate.sets=[]"]  # fmt: skip
+    refused = preflight(load_config(None, [*base, "train.dflash.mask_token_id=2"]))
+    [problem] = [p for p in refused.problems if "mask_token_id" in p]
+    assert "'<|im_end|>', an end token of the target's answers" in problem
+    passed = preflight(load_config(None, [*base, "train.dflash.mask_token_id=1500"]))
+    assert not [p for p in passed.problems if "mask_token_id" in p]

@@ -32,6 +32,7 @@ from eaglet.records.generations import Generation
 from eaglet.records.io import read_jsonl, repair_and_read_ids, write_jsonl
 from eaglet.records.prompts import Prompt
 from eaglet.target import load_tokenizer
+from tests.engine_helpers import fixture_prompts
 from tests.vllm_server import ROOT, vllm_python, vllm_server
 
 pytestmark = [
@@ -46,31 +47,6 @@ N_PROMPTS = 8
 @pytest.fixture(scope="module")
 def tokenizer(fixture_model_dir):
     return load_tokenizer(TargetConfig(model=str(fixture_model_dir)))
-
-
-def fixture_prompts(tokenizer, n: int, stream: str = "eval") -> list[Prompt]:
-    """Fixture conversations (plain, multi-turn and tool calls), as the tokenize stage renders
-    them."""
-    from eaglet.fixture.corpus import generate_conversations, prompt_and_target
-
-    prompts = []
-    for i, conversation in enumerate(generate_conversations(n, 1, stream=stream)):
-        context, _ = prompt_and_target(conversation)
-        text = tokenizer.apply_chat_template(
-            context["messages"], tools=context["tools"], add_generation_prompt=True,
-            tokenize=False,
-        )  # fmt: skip
-        prompts.append(
-            Prompt(
-                sample_id=f"v{i}",
-                source=stream,
-                prompt_ids=tokenizer(text, add_special_tokens=False)["input_ids"],
-                prompt_text=text,
-                messages=context["messages"],
-                tools=context["tools"],
-            )
-        )
-    return prompts
 
 
 @pytest.fixture(scope="module")

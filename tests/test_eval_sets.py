@@ -140,3 +140,101 @@ def test_eaglet_eval_measures_a_published_format_draft_without_training(
     assert figures["published"]["prompts_sha256"] == figures["ours"]["prompts_sha256"]
     assert figures["published"]["tau"] == figures["ours"]["tau"]
     assert figures["published"]["rounds"] == figures["ours"]["rounds"] > 0
+
+
+def test_two_sets_of_one_name_are_refused(tmp_path):
+    from eaglet.config import ConfigError
+
+    path = write(tmp_path, "mt-bench", ROWS["mt-bench"])
+    sets = f"evaluate.sets=[{{name: mt-bench, path: {path}}}, {{name: mt-bench, path: {path}}}]"
+    with pytest.raises(ConfigError, match="names mt-bench more than once"):
+        load_config(None, [sets])
+
+
+def test_a_prompt_over_the_context_is_left_out_and_named_a_huge_one_before_tokenizing(
+    tmp_path, fixture_model_dir
+):
+    """A 2 MB turn is over the hard bound before any tokenizing (it once kept `eaglet eval`
+    busy for 300 s); a 5,000-token prompt over the 1,024-token context is counted by its
+    tokens; the others are measured. The preflight says so too."""
+    from eaglet.draft.set_evaluation import measurable
+    from eaglet.eval_sets import EvalPrompt
+    from eaglet.target import load_tokenizer
+
+    config = load_config(None, [f"target.model={fixture_model_dir}"])
+    tokenizer = load_tokenizer(config.target)
+    huge = EvalPrompt("huge", ["9 " * 1_000_000])
+    long = EvalPrompt("long", ["seven plus " * 1300])
+    short = EvalPrompt("short", ["What is 2 plus 3?"])
+
+    def counting(*args, **kwargs):
+        counting.calls.append(len(str(args[0])))
+        return original(*args, **kwargs)
+
+    counting.calls, original = [], tokenizer.apply_chat_template
+    tokenizer.apply_chat_template = counting
+    kept, skipped = measurable([huge, long, short], tokenizer, {}, 1024, 128)
+    assert kept == [short]
+    assert [s["prompt_id"] for s in skipped] == ["huge", "long"]
+    assert "characters" in skipped[0]["why"] and "prompt tokens" in skipped[1]["why"]
+    assert len(counting.calls) == 2  # the huge one was never rendered nor tokenized
+
+    rows = [{"question": "9 " * 1_000_000}, {"question": "What is 2 plus 3?"}]
+    path = write(tmp_path, "gsm8k", rows)
+    report = PreflightReport()
+    config = load_config(None, [f"target.model={fixture_model_dir}",
+                                f"evaluate.sets=[{{name: gsm8k, path: {path}}}]"])  # fmt: skip
+    from eaglet.target import load_config as target_config
+
+    check_eval_sets(config, report, target_config(config.target))
+    assert (
+        report.problems == []
+        and "1 prompt(s) over the target's 1024-token context" in (report.warnings[0])
+    )
+
+
+@pytest.mark.slow  # a CLI subprocess for each refusal
+def test_eaglet_eval_refuses_what_it_cannot_score_in_one_line(tmp_path, fixture_model_dir):
+    """NaN in a draft's weights, weights cut short or of random bytes, the target's own folder
+    given as the draft, and no --config outside the demo: each one `error:` line, exit 2,
+    no traceback."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from tests.conftest import run_cli
+
+    draft = untrained_draft(tmp_path / "draft", fixture_model_dir)
+    sets = f"evaluate.sets=[{{name: gsm8k, path: {write(tmp_path, 'gsm8k', ROWS['gsm8k'])}}}]"
+    common = ["--set", f"target.model={fixture_model_dir}", "--set", sets]
+
+    def refused(folder, *args: str) -> str:
+        result = run_cli(["eval", str(folder), *args], cwd=tmp_path)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "Traceback" not in result.stderr and result.stderr.startswith("error: ")
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        return result.stderr
+
+    nan = tmp_path / "nan"
+    shutil.copytree(draft, nan)
+    tensors = load_file(str(nan / "model.safetensors"))
+    tensors["fc.weight"][0, 0] = float("nan")
+    save_file(tensors, str(nan / "model.safetensors"))
+    assert "fc.weight holds 1 NaN or infinite" in refused(nan, *common)
+
+    cut = tmp_path / "cut"
+    shutil.copytree(draft, cut)
+    data = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert "cut short" in refused(cut, *common)
+
+    noise = tmp_path / "noise"
+    shutil.copytree(draft, noise)
+    (noise / "model.safetensors").write_bytes(
+        torch.randint(0, 256, (4096,)).byte().numpy().tobytes()
+    )
+    assert "model.safetensors" in refused(noise, *common)
+
+    assert "is not a draft" in refused(fixture_model_dir, *common)
+    assert "no --config" in refused(draft)  # tmp_path holds no demo

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from eaglet.cache import model_fingerprint
+from eaglet.fingerprints import model_fingerprint
 from eaglet.fixture.corpus import generate_conversations, prompt_and_target
 from eaglet.fixture.sample_data import write_sample_data
 from eaglet.fixture.tokenizer import (
@@ -236,3 +236,36 @@ def test_fixture_model_build_is_deterministic(tmp_path: Path) -> None:
     # Rebuilding over an existing directory replaces it.
     again = build_fixture_model(tmp_path / "a", seed=1, train_steps=1, log=lambda _: None)
     assert json.loads((again / "fixture.json").read_text())["seed"] == 1
+
+
+def test_a_fixture_trained_further_on_the_restyled_corpus_is_deterministic(
+    tmp_path, fixture_model_dir
+):
+    """Issue 51's drifted target: the fixture's tokenizer kept, its weights trained further on
+    reasoning worded another way; two builds are byte-identical, its record names where it
+    came from, and its weights differ from the first's."""
+    from eaglet.fixture.corpus import RESTYLE, generate_conversations
+    from eaglet.fixture.model import build_fixture_model
+
+    plain = generate_conversations(20, 0)
+    restyled = generate_conversations(20, 0, corpus="restyled")
+    reasoning = [m["reasoning_content"] for c in restyled for m in c["messages"]
+                 if m.get("reasoning_content")]  # fmt: skip
+    assert not any(old in text for text in reasoning for old, _ in RESTYLE)
+    assert [c["messages"][-1]["content"] for c in plain] == [
+        c["messages"][-1]["content"] for c in restyled
+    ]  # the same tasks and answers
+
+    builds = [
+        build_fixture_model(tmp_path / name, train_steps=2, log=lambda _: None,
+                            continue_from=fixture_model_dir, corpus="restyled")
+        for name in ("a", "b")
+    ]  # fmt: skip
+    for path in builds[0].iterdir():
+        assert sha256(path) == sha256(builds[1] / path.name), path.name
+    assert sha256(builds[0] / "tokenizer.json") == sha256(fixture_model_dir / "tokenizer.json")
+    assert sha256(builds[0] / "model.safetensors") != sha256(
+        fixture_model_dir / "model.safetensors"
+    )
+    info = json.loads((builds[0] / "fixture.json").read_text())
+    assert info["corpus"] == "restyled" and info["continued_from"]["train_steps"] == 250

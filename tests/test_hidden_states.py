@@ -1,5 +1,5 @@
-"""Hidden states: batched extraction equals one-sample forwards, storage forms read back as
-floats, the shard format train reads, the disk budget."""
+"""Hidden states: a sample's features are the same bytes whatever is extracted beside it,
+storage forms read back as floats, the shard format train reads, the disk budget."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 
 from eaglet.draft.train_data import HiddenStatesData
-from eaglet.hidden_states.backends.hf import HFBackend, length_batches
+from eaglet.hidden_states.backends.hf import HFBackend
 from eaglet.hidden_states.budget import (
     DiskBudgetError,
     check_disk_budget,
@@ -30,18 +30,25 @@ def target_dir(tmp_path_factory) -> Path:
     return tiny_target(tmp_path_factory.mktemp("target") / "model")
 
 
-def test_padding_never_leaks_into_stored_states(target_dir, tmp_path):
+def test_a_samples_features_are_the_same_bytes_alone_and_among_others(target_dir, tmp_path):
+    """Computed alone or among longer samples, a sample's states are equal bit for bit: per-
+    sample reuse copies what a fresh run computes (issue 46)."""
     config = config_for(tmp_path, target_dir)
-    backend = HFBackend(config.target, [1, 3, 5], batch_size=4)
+    backend = HFBackend(config.target, [1, 3, 5])
     rng = torch.Generator().manual_seed(0)
     short = torch.randint(1, 300, (7,), generator=rng).tolist()
     longer = [torch.randint(1, 300, (n,), generator=rng).tolist() for n in (31, 45, 60)]
-    alone = backend.forward([short])[0]
-    batched = backend.forward([*longer, short])[3]
+
+    class Sample:
+        def __init__(self, ids: list[int]) -> None:
+            self.input_ids = ids
+
+    alone = backend.features([Sample(short)])[0]
+    among = backend.features([Sample(ids) for ids in (*longer[:2], short, longer[2])])[2]
     assert alone["aux_hidden_states"].shape == (7, 3 * 64)
     assert alone["final_hidden_states"].shape == (7, 64)
     for key in ("aux_hidden_states", "final_hidden_states"):
-        torch.testing.assert_close(batched[key], alone[key], rtol=1e-5, atol=1e-5)
+        assert torch.equal(among[key], alone[key]), key
 
 
 def test_states_are_hf_hidden_states_at_the_layer_ids(target_dir, tmp_path):
@@ -49,7 +56,7 @@ def test_states_are_hf_hidden_states_at_the_layer_ids(target_dir, tmp_path):
 
     config = config_for(tmp_path, target_dir)
     ids = torch.randint(1, 300, (12,)).tolist()
-    got = HFBackend(config.target, [1, 3, 5]).forward([ids])[0]
+    got = HFBackend(config.target, [1, 3, 5]).forward(ids)
     model = load_model(config.target)
     with torch.inference_mode():
         out = model(torch.tensor([ids]), output_hidden_states=True)
@@ -58,16 +65,6 @@ def test_states_are_hf_hidden_states_at_the_layer_ids(target_dir, tmp_path):
     torch.testing.assert_close(got["aux_hidden_states"], expected)
     # The final state is post-norm: lm_head of it gives the target's logits.
     torch.testing.assert_close(logits, out.logits[0])
-
-
-def test_length_batches_bucket_by_length_within_limits():
-    lengths = [50, 3, 40, 4, 41, 5, 100]
-    batches = length_batches(lengths, batch_size=2, batch_tokens=90)
-    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
-    assert batches[0] == [1, 3]  # the two shortest together
-    for batch in batches:
-        assert len(batch) <= 2
-        assert len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 90
 
 
 @pytest.mark.parametrize("storage", ["float32", "bfloat16", "int8", "fp8"])
@@ -113,7 +110,7 @@ def test_stage_writes_the_shards_train_reads(target_dir, tmp_path, storage):
     backend = HFBackend(config.target, [1, 3, 5])
     data = HiddenStatesData(folder, max_seq_len=1024)
     row = index[5]
-    expected = backend.forward([examples[5].input_ids])[0]
+    expected = backend.forward(examples[5].input_ids)
     with safe_open(str(folder / row["shard"]), framework="pt") as f:
         window = read_window(f, row["offset"], row["length"])
     item = data[5]
@@ -148,16 +145,16 @@ def test_layer_ids_run_from_the_embeddings_to_the_last_layers_input():
             resolve_aux_layer_ids(wrong, num_layers=8)
 
 
-def test_progress_moves_inside_a_shard_batch_by_batch(target_dir, tmp_path):
-    """One shard of many batches: the progress fraction moves after each batch (a long shard
+def test_progress_moves_inside_a_shard_sample_by_sample(target_dir, tmp_path):
+    """One shard of many samples: the progress fraction moves after each sample (a long shard
     of a large target used to show nothing for ten minutes), reaching 1 at the end."""
     write_examples(tmp_path / "examples.jsonl", 12)
-    config = config_for(tmp_path / "work", target_dir, shard_tokens=1 << 20, batch_size=2)
+    config = config_for(tmp_path / "work", target_dir, shard_tokens=1 << 20)
     folder = tmp_path / "work" / "hs"
     folder.mkdir(parents=True)
     fractions: list[float] = []
     body = stage_body(config, tmp_path / "examples.jsonl", lambda _: None, fractions.append)
     output = body(folder)
     assert len(output.info["shards"]) == 1
-    assert len(fractions) >= 6 + 1  # six batches of two, then the shard's end
+    assert len(fractions) >= 12 + 1  # twelve samples, then the shard's end
     assert fractions == sorted(fractions) and 0 < fractions[0] < 1 and fractions[-1] == 1.0

@@ -92,7 +92,9 @@ def test_a_comment_in_extraction_code_reruns_extract_only_and_the_plan_says_so(
     extract.write_text(extract.read_text() + "\n# a comment: the code changed, not its output\n")
     plan = run_cli([*args, "--plan"], cwd=project)
     assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-3000:]
-    lines = {line.split()[0]: line.split(None, 1)[1] for line in plan.stdout.splitlines()[1:]}
+    assert "preflight: ok" in plan.stdout
+    stages = [line for line in plan.stdout.splitlines() if line.startswith("  ")]
+    lines = {line.split()[0]: line.split(None, 1)[1] for line in stages}
     assert lines == {
         "download": "Cached",
         "tokenize": "Cached",

@@ -294,8 +294,8 @@ def test_speculators_export_loads_in_vllm_as_speculators_drafts_do(run, tmp_path
     """The spellings a speculators user writes, without `"method"`: the folder in
     `--speculative-config` (vLLM 0.32 picks eagle3 from "eagle3" in its path; named
     `draft-speculators/`, the engine died at the first request), and the folder as the main
-    model (vLLM loads the verifier its speculators_config names). Both serve the vLLM export's
-    tau."""
+    model (vLLM loads the verifier its speculators_config names: a local target by its path
+    relative to the export folder, so vLLM starts there). Both serve the vLLM export's tau."""
     speculators_dir = run["draft_dir"].with_name(SPECULATORS_FOLDER)
     right = run["report"]["served"]["tau"]
     spec = {"model": str(speculators_dir), "num_speculative_tokens": K}  # no "method"
@@ -306,7 +306,7 @@ def test_speculators_export_loads_in_vllm_as_speculators_drafts_do(run, tmp_path
     # as the main model k is the export's own (train.ttt_length, 4 here) unless the
     # speculative config sets it; compared at the offline K
     at_k = ["--speculative-config", json.dumps({"num_speculative_tokens": K})]
-    with vllm_server(speculators_dir, tmp_path / "vllm-main.log", at_k) as url:
+    with vllm_server(speculators_dir, tmp_path / "vllm-main.log", at_k, cwd=speculators_dir) as url:
         as_main_model = served_acceptance(url, run["prompts"], K, 48, run["eos"])
     print(
         f"served tau: vLLM export {right:.3f}; speculators export in --speculative-config "

@@ -11,6 +11,7 @@ import pytest
 
 from eaglet import cache
 from eaglet.config import load_config
+from eaglet.fingerprints import TARGET_PARTS
 from eaglet.progress import Throttle
 from eaglet.records.io import repair_and_read_ids
 from eaglet.stages import STAGES
@@ -346,10 +347,11 @@ def test_a_folder_without_its_manifest_is_never_rebuilt_silently(tmp_path):
 # they are the keys the code before it computed for these configs, written in the older flat
 # spelling, with the code hash, the target's fingerprint and what dtype `auto` picks held
 # fixed, so they depend on the configuration alone. A code change re-keys its stages by
-# design (`code_hash`); where a setting is declared must not.
+# design (`code_hash`); where a setting is declared must not. Re-pinned once for issue 46: the
+# target's fingerprint was split into the parts each stage reads (`target.weights`, ...).
 KEY_CONFIGS = {
     "demo": [],
-    "hf_device_map": ["hidden_states.device_map=auto", "hidden_states.batch_size=4"],
+    "hf_device_map": ["hidden_states.device_map=auto"],
     "vllm_external": [
         "hidden_states.backend=vllm", "hidden_states.endpoints=[http://10.0.0.1:8000]",
         "hidden_states.connector_path=/shared/connector", "hidden_states.served_model=big",
@@ -366,16 +368,16 @@ KEY_CONFIGS = {
     ],
 }  # fmt: skip
 PINNED_KEYS = {
-    "demo:hidden_states": "1b560e4c57781b97decd",
-    "demo:train": "9df5bb04686e73c0d402",
-    "hf_device_map:hidden_states": "1b560e4c57781b97decd",
-    "hf_device_map:train": "9df5bb04686e73c0d402",
-    "vllm_external:hidden_states": "e0cd3b10be6d38277a02",
-    "vllm_external:train": "9df5bb04686e73c0d402",
-    "vllm_started:hidden_states": "7843441bd63de5850805",
-    "vllm_started:train": "9df5bb04686e73c0d402",
-    "vllm_online:hidden_states": "3574686450527aac93b4",
-    "vllm_online:train": "65eaee7d43b79e24d271",
+    "demo:hidden_states": "80be6df5ce3707266288",
+    "demo:train": "bbbaebd96443c5abd55f",
+    "hf_device_map:hidden_states": "80be6df5ce3707266288",
+    "hf_device_map:train": "bbbaebd96443c5abd55f",
+    "vllm_external:hidden_states": "4a807c48a4b20e5f53d9",
+    "vllm_external:train": "bbbaebd96443c5abd55f",
+    "vllm_started:hidden_states": "7231d838d8f22ce81a10",
+    "vllm_started:train": "bbbaebd96443c5abd55f",
+    "vllm_online:hidden_states": "e3df0f1af29b8801608e",
+    "vllm_online:train": "8efab248a13d9d54ef08",
 }
 
 
@@ -383,7 +385,9 @@ def test_stage_keys_stay_what_they_were_before_the_backend_sections(monkeypatch,
     """The demo's config and the vllm backend's (written the old flat way, and the new way)
     key hidden_states and train as they did before the settings moved into sections."""
     monkeypatch.setattr(cache, "code_hash", lambda stage, config=None: "code")
-    monkeypatch.setattr(cache, "model_fingerprint", lambda *args, **kwargs: "model")
+    monkeypatch.setattr(
+        cache, "target_parts", lambda *args, **kwargs: dict.fromkeys(TARGET_PARTS, "model")
+    )
     monkeypatch.setattr("eaglet.target.target_dtype", lambda target: "float32")
     base = [f"target.model={fixture_model_dir}", "work_dir=/tmp/w"]
 

@@ -86,7 +86,7 @@ def write_hidden_state_shards(target_dir, out_dir, examples, aux_ids) -> dict:
         work_dir=str(out_dir.parent),
         target=TargetConfig(model=str(target_dir), device="cpu"),
         hidden_states=HiddenStatesConfig(
-            aux_layer_ids=aux_ids, shard_tokens=16 * 52, batch_size=8, storage="float32"
+            aux_layer_ids=aux_ids, shard_tokens=16 * 52, storage="float32"
         ),
     )
     return stage_body(config, examples_path, report=lambda line: None)(out_dir).info

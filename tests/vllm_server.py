@@ -24,8 +24,15 @@ def vllm_python() -> Path | None:
 
 
 @contextmanager
-def vllm_server(model_dir: Path, log_path: Path, extra_args: list[str] = (), timeout: float = 240):
-    """The fixture target served as `tiny` in float32, eager, 1024 tokens of context."""
+def vllm_server(
+    model_dir: Path,
+    log_path: Path,
+    extra_args: list[str] = (),
+    timeout: float = 240,
+    cwd: Path | None = None,
+):
+    """The fixture target served as `tiny` in float32, eager, 1024 tokens of context (from
+    the folder `cwd`, default this one)."""
     python = vllm_python()
     if python is None:
         raise RuntimeError("no vLLM venv: run `make vllm-venv` or set EAGLET_VLLM_PYTHON")
@@ -36,5 +43,5 @@ def vllm_server(model_dir: Path, log_path: Path, extra_args: list[str] = (), tim
         "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager", *extra_args,
     ]  # fmt: skip
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_TARGET_DEVICE": "cpu"}
-    with start_server(command, log_path, timeout, env=env) as base_url:
+    with start_server(command, log_path, timeout, env=env, cwd=cwd) as base_url:
         yield base_url

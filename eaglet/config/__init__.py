@@ -30,6 +30,7 @@ from eaglet.config.loading import (
 )
 from eaglet.config.pipeline import PipelineConfig
 from eaglet.config.reasoning import ReasoningConfig
+from eaglet.config.refresh import RefreshConfig
 from eaglet.config.target import TargetConfig
 from eaglet.config.tokenize import TokenizeConfig
 from eaglet.config.train import DFlashSettings, TrainConfig
@@ -48,6 +49,7 @@ __all__ = [
     "HiddenStatesConfig",
     "PipelineConfig",
     "ReasoningConfig",
+    "RefreshConfig",
     "SamplingChoice",
     "TargetConfig",
     "TokenizeConfig",

@@ -109,6 +109,18 @@ class EvaluateConfig(Strict):
     )
 
     @model_validator(mode="after")
+    def _one_set_per_name(self) -> EvaluateConfig:
+        """A set's name is its key in report.json: two of one name would lose one's τ."""
+        names = [s.name for s in self.sets]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(
+                f"evaluate.sets names {', '.join(twice)} more than once: each set's τ is kept "
+                "under its name; keep one set of each name"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _serving_needs_a_server(self) -> EvaluateConfig:
         if self.serving == "vllm" and not (self.serving_endpoint or self.vllm_python):
             raise ValueError(

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from eaglet.config_fields import CACHE_NEUTRAL, Strict
+from eaglet.config_fields import Strict
 from eaglet.hidden_states.backends import BACKENDS, BackendName, hidden_states_backend
 
 # The keys hidden_states held itself before each backend had its section (issue 35), and the
@@ -27,6 +27,15 @@ FLAT_BACKEND_KEYS: dict[str, str] = {
 }  # fmt: skip
 
 
+# Keys hidden_states no longer has, and why: a config that sets one is refused with this.
+REMOVED_KEYS = dict.fromkeys(
+    ("batch_size", "batch_tokens"),
+    "the hf backend runs each sample in a forward of its own, so that its features do not "
+    "depend on the samples beside it (an incremental run then stores what a fresh one does); "
+    "remove the key",
+)
+
+
 class _HiddenStatesSettings(Strict):
     """`hidden_states` but the backends' sections, which `HiddenStatesConfig` adds, one per
     backend of the registry (`eaglet.hidden_states.backends`)."""
@@ -41,21 +50,6 @@ class _HiddenStatesSettings(Strict):
     )
     shard_tokens: int = Field(
         65536, ge=256, description="Tokens per safetensors shard before a new one is started."
-    )
-    batch_size: int = Field(
-        8,
-        ge=1,
-        le=1024,
-        description="Sequences per target forward.",
-        json_schema_extra=CACHE_NEUTRAL,
-    )
-    batch_tokens: int = Field(
-        16384,
-        ge=16,
-        le=10_000_000,
-        description="Padded tokens per target forward at most (hf backend): batches are "
-        "bucketed by length, so padding stays small.",
-        json_schema_extra=CACHE_NEUTRAL,
     )
     storage: Literal["float32", "bfloat16", "int8", "fp8"] = Field(
         "int8",
@@ -74,6 +68,15 @@ class _HiddenStatesSettings(Strict):
         "hidden_states.vllm_python, hidden_states.device_map, ...) are still read into its "
         "section.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_removed_keys(cls, data: Any) -> Any:
+        """A key that no longer does anything is refused, saying why (never ignored)."""
+        for key in REMOVED_KEYS:
+            if isinstance(data, dict) and key in data:
+                raise ValueError(f"hidden_states.{key} is no longer a setting: {REMOVED_KEYS[key]}")
+        return data
 
     @model_validator(mode="before")
     @classmethod

@@ -15,6 +15,7 @@ from eaglet.config.execution import ExecutionConfig
 from eaglet.config.generation import GenerationConfig
 from eaglet.config.hidden_states import HiddenStatesConfig
 from eaglet.config.reasoning import ReasoningConfig
+from eaglet.config.refresh import RefreshConfig
 from eaglet.config.target import TargetConfig
 from eaglet.config.tokenize import TokenizeConfig
 from eaglet.config.train import TrainConfig
@@ -75,6 +76,11 @@ class PipelineConfig(Strict):
     execution: ExecutionConfig = Field(
         default_factory=ExecutionConfig,
         description="Where the stages run: task runner, Dask cluster.",
+    )
+    refresh: RefreshConfig = Field(
+        default_factory=RefreshConfig,
+        description="When the target changes: how far τ may fall before the draft is trained "
+        "again, and on how many samples.",
     )
 
     @field_validator("datasets")

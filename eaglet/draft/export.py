@@ -32,6 +32,7 @@ folder as a plain draft model, which kills the engine at the first request
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -150,6 +151,17 @@ def write_speculators_export(
     return out_dir
 
 
+def verifier_name(target: TargetConfig, export_dir: Path) -> str:
+    """What an export names as its target: a hub id as it is; a local folder by its path
+    relative to the export folder, never an absolute one (a work dir moved or copied with its
+    target, as the demo's is, still names it; an absolute path would name the old place).
+    Serving such an export as the main model resolves that path from the export folder."""
+    folder = Path(target.model)
+    if not folder.is_dir():
+        return target.model
+    return os.path.relpath(folder.resolve(), Path(export_dir).resolve())
+
+
 def write_exports(
     draft_dir: Path, target: TargetConfig, num_speculative_tokens: int
 ) -> dict[str, str]:
@@ -170,7 +182,7 @@ def write_exports(
     write_speculators_export(
         draft_dir,
         draft_dir.with_name(SPECULATORS_FOLDER),
-        target.model,
+        verifier_name(target, draft_dir.with_name(SPECULATORS_FOLDER)),
         architectures,
         num_speculative_tokens,
     )

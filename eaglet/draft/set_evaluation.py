@@ -27,7 +27,8 @@ from eaglet.draft.evaluate import Verifier, load_target, resolve_aux_ids, specul
 from eaglet.draft.methods import method_of_draft
 from eaglet.draft.rejection import Sampling
 from eaglet.draft.serving import emitted_tau
-from eaglet.eval_sets import read_set
+from eaglet.eval_sets import EvalPrompt, read_set, too_long_to_tokenize
+from eaglet.prompt_rendering import context_length
 
 ENGINE = "eaglet offline evaluator (vLLM's rounds)"
 
@@ -50,6 +51,34 @@ def figures(accepted: list[int], new_tokens: int, prompts: int, k: int) -> dict[
         "prompts": prompts,
         "per_position_acceptance": [reached[j] / max(reached[0], 1) for j in range(1, k + 1)],
     }
+
+
+def measurable(
+    prompts: list[EvalPrompt],
+    tokenizer: Any,
+    chat_kwargs: dict[str, Any],
+    context: int | None,
+    max_new_tokens: int,
+) -> tuple[list[EvalPrompt], list[dict[str, Any]]]:
+    """The prompts whose first turn and `max_new_tokens` fit the target's context, and the
+    others named (prompt id, why): a prompt over the context is never scored. The hard bound
+    (`too_long_to_tokenize`) is checked before any tokenizing."""
+    kept, skipped = [], []
+    for prompt in prompts:
+        why = too_long_to_tokenize(prompt, context)
+        if why is None and context is not None:
+            tokens = len(render(tokenizer, [{"role": "user", "content": prompt.turns[0]}],
+                                chat_kwargs))  # fmt: skip
+            if tokens + max_new_tokens > context:
+                why = (
+                    f"{tokens} prompt tokens + {max_new_tokens} new (evaluate.max_new_tokens) "
+                    f"over the {context}-token context"
+                )
+        if why is None:
+            kept.append(prompt)
+        else:
+            skipped.append({"prompt_id": prompt.prompt_id, "why": why})
+    return kept, skipped
 
 
 def evaluate_sets(
@@ -77,9 +106,18 @@ def evaluate_sets(
     if settings.temperature > 0:
         generator = torch.Generator(device=model.device).manual_seed(settings.sampling_seed)
         passes["sampled"] = Verifier(Sampling(settings.temperature, settings.top_p), generator)
+    context = context_length(model.config.get_text_config())
     out = {}
     for spec in sets:
-        prompts = read_set(spec)
+        prompts, skipped = measurable(
+            read_set(spec), tokenizer, chat_kwargs, context, settings.max_new_tokens
+        )
+        if skipped and progress is not None:
+            progress(
+                f"evaluation set {spec.name}: {len(skipped)} prompt(s) over the target's "
+                f"context left out ({', '.join(s['prompt_id'] for s in skipped[:5])}"
+                f"{', ...' if len(skipped) > 5 else ''}): {skipped[0]['why']}"
+            )
         hashed: list[Any] = []
         result: dict[str, Any] = {}
         for name, verifier in passes.items():
@@ -91,6 +129,8 @@ def evaluate_sets(
                 for turn, text in enumerate(prompt.turns):
                     messages.append({"role": "user", "content": text})
                     ids = render(tokenizer, messages, chat_kwargs)
+                    if turn and context and len(ids) + settings.max_new_tokens > context:
+                        break  # the conversation outgrew the context: its later turns not asked
                     if name == "greedy":
                         hashed.append(ids if turn == 0 else text)
                     run = speculative_generate(
@@ -128,5 +168,6 @@ def evaluate_sets(
             "engine": ENGINE,
             "method": method.name,
             "max_new_tokens": settings.max_new_tokens,
+            **({"skipped": skipped} if skipped else {}),
         }
     return out

@@ -2,6 +2,10 @@
 
 It is the default so the whole pipeline runs on a laptop with no server; output ids are the
 model's own tokens, so its records are token-exact like those of the vLLM and SGLang engines.
+Sampled, each row draws from its own generator, seeded from `generation.seed` and the sample
+id (`sample_seed`): a sample's tokens are the same whichever batch it is in and whatever the
+batch size, so a sample regenerated alone gets the tokens a fresh run gives it (as vLLM's
+per-request seed does).
 With `generation.loop_guard` each row's new tokens go through a `LoopDetector` as they are
 generated; a looping row ends there (finish_reason "loop", the ids so far), and a batch whose
 other rows are done stops instead of running its loops to max_tokens.
@@ -9,11 +13,12 @@ other rows are done stops instead of running its loops to max_tokens.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-from transformers import StoppingCriteria
+from transformers import LogitsProcessor, StoppingCriteria
 
 from eaglet.config import PipelineConfig, TargetConfig
 from eaglet.cpu_threads import apply_threads
@@ -76,19 +81,21 @@ class LocalEngine:
             n = len(prompt.prompt_ids)
             input_ids[row, width - n :] = torch.tensor(prompt.prompt_ids)
             attention_mask[row, width - n :] = 1
-        sampled = params.temperature > 0
-        if sampled:
-            torch.manual_seed(params.seed)
         ends = [*self.eos_ids, self.pad_id]
         guard = _LoopGuard(*self.loop_guard, len(batch), ends) if self.loop_guard else None
+        sampler = None
+        if params.temperature > 0:  # each row its own draws; transformers then picks greedily
+            seeds = [sample_seed(params.seed, p.sample_id) for p in batch]
+            sampler = _PerSampleSampler(seeds, params.temperature, params.top_p)
         output = self.model.generate(
             input_ids=input_ids.to(self.model.device),
             attention_mask=attention_mask.to(self.model.device),
             max_new_tokens=params.max_tokens,
-            do_sample=sampled,
-            temperature=params.temperature if sampled else None,
-            top_p=params.top_p if sampled else None,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
             top_k=None,
+            logits_processor=[sampler] if sampler else None,
             eos_token_id=self.eos_ids,
             pad_token_id=self.pad_id,
             stop_strings=params.stop or None,
@@ -107,6 +114,36 @@ class LocalEngine:
             output_ids, finish_reason = _cut_at_end(new_ids, self.eos_ids, self.pad_id)
             records.append(Generation.answering(prompt, output_ids, finish_reason, self.name))
         return records
+
+
+def sample_seed(seed: int, sample_id: str) -> int:
+    """The seed of one sample's draws: a function of the run's seed and the sample id only."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{sample_id}".encode()).digest()[:8], "little")
+
+
+class _PerSampleSampler(LogitsProcessor):
+    """Samples each row's next token with the row's own generator (temperature, then top-p
+    as transformers applies them) and returns scores where only that token is finite, so
+    greedy decoding takes it: a row's draws never depend on the other rows of its batch."""
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float) -> None:
+        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        self.temperature = temperature
+        self.top_p = top_p
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        logits = scores.float() / self.temperature  # [B, V]
+        if self.top_p < 1.0:  # keep the smallest set of tokens whose mass reaches top_p
+            ordered, order = torch.sort(logits, descending=True)  # [B, V]
+            mass = ordered.softmax(dim=-1).cumsum(dim=-1)  # [B, V]
+            drop = mass - ordered.softmax(dim=-1) >= self.top_p  # the mass before it suffices
+            logits = logits.scatter(1, order, ordered.masked_fill(drop, float("-inf")))
+        probs = logits.softmax(dim=-1).cpu()  # [B, V]
+        chosen = torch.full_like(scores, float("-inf"))  # [B, V]
+        for row, generator in enumerate(self.generators):
+            token = torch.multinomial(probs[row], 1, generator=generator)
+            chosen[row, token] = 0.0
+        return chosen
 
 
 class _LoopGuard(StoppingCriteria):

@@ -58,7 +58,7 @@ from eaglet.preflight.target import (
     load_target,
 )
 from eaglet.preflight.tokenize import check_lengths, check_template
-from eaglet.preflight.train import check_init_from, check_method
+from eaglet.preflight.train import check_init_from, check_mask_token, check_method
 from eaglet.preflight.work_dir import check_disk_budget, check_work_dir
 from eaglet.progress import say
 from eaglet.stages import STAGE, STAGES
@@ -76,6 +76,7 @@ __all__ = [
     "check_init_from",
     "check_layers",
     "check_lengths",
+    "check_mask_token",
     "check_method",
     "check_safetensors",
     "check_template",
@@ -105,9 +106,9 @@ def preflight(config: PipelineConfig, until: str = STAGES[-1]) -> PreflightRepor
     `until`: the last stage the run will run (checks of later stages are left out)."""
     report = PreflightReport()
     rows = check_datasets(config, report)
-    if any(STAGE[stage].evaluates for stage in STAGES[: STAGES.index(until) + 1]):
+    evaluates = any(STAGE[stage].evaluates for stage in STAGES[: STAGES.index(until) + 1])
+    if evaluates:
         check_holdout(config, rows, report)
-        check_eval_sets(config, report)
     check_work_dir(config, report)
     check_vllm_python(config, report)
     check_devices(config, report)
@@ -115,6 +116,8 @@ def preflight(config: PipelineConfig, until: str = STAGES[-1]) -> PreflightRepor
     check_endpoints(config, report)
     load_target(config, report)
     model_config, tokenizer = report.model_config, report.tokenizer
+    if evaluates:
+        check_eval_sets(config, report, model_config)
     if model_config is not None:
         check_layers(config, model_config, report)
         check_method(config, model_config, report)
@@ -124,6 +127,7 @@ def preflight(config: PipelineConfig, until: str = STAGES[-1]) -> PreflightRepor
         check_template(config, tokenizer, report)
         if model_config is not None:
             check_vocab(config, model_config, tokenizer, report)
+            check_mask_token(config, model_config, tokenizer, report)
     if model_config is not None:
         check_disk_budget(config, model_config, rows, report)
     return report

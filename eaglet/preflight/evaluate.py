@@ -6,16 +6,23 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from eaglet.config.pipeline import PipelineConfig
 from eaglet.local_paths import is_hub_dataset
 from eaglet.preflight.report import PreflightReport, first_line
 
 
-def check_eval_sets(config: PipelineConfig, report: PreflightReport) -> None:
+def check_eval_sets(
+    config: PipelineConfig, report: PreflightReport, model_config: Any = None
+) -> None:
     """Each named evaluation set's file is there and in its format (read now: sets are small),
-    rather than failing after training."""
-    from eaglet.eval_sets import EvalSetError, read_set
+    rather than failing after training; prompts over the target's context by the hard bound
+    (`eaglet.eval_sets.too_long_to_tokenize`) are counted: they are left out of τ."""
+    from eaglet.eval_sets import EvalSetError, read_set, too_long_to_tokenize
+    from eaglet.prompt_rendering import context_length
+
+    context = context_length(model_config) if model_config is not None else None
 
     for i, spec in enumerate(config.evaluate.sets):
         key = f"evaluate.sets[{i}] ({spec.name})"
@@ -33,8 +40,16 @@ def check_eval_sets(config: PipelineConfig, report: PreflightReport) -> None:
         except (EvalSetError, OSError, ValueError) as exc:
             report.problems.append(f"{key}: {first_line(exc)}")
             continue
+        over = [p.prompt_id for p in prompts if too_long_to_tokenize(p, context)]
+        if over:
+            report.warnings.append(
+                f"{key}: {len(over)} prompt(s) over the target's {context}-token context "
+                f"({', '.join(over[:5])}{', ...' if len(over) > 5 else ''}): left out of its τ"
+            )
         if not prompts:
             report.problems.append(f"{key}: {spec.path} holds no prompts")
+        elif len(over) == len(prompts):
+            report.problems.append(f"{key}: {spec.path} holds no prompt that fits the target")
         else:
             report.passed.append(f"{key}: {spec.path} ({len(prompts)} prompts)")
 

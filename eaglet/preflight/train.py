@@ -44,7 +44,48 @@ def check_method(config: PipelineConfig, model_config: Any, report: PreflightRep
         report.passed.append(f"train.method={method.name}: its settings fit this target")
 
 
-def _non_finite_tensor(path: Path) -> str | None:
+def check_mask_token(
+    config: PipelineConfig, model_config: Any, tokenizer: Any, report: PreflightReport
+) -> None:
+    """DFlash's mask token (`train.dflash.mask_token_id`, blank: the pad token) must be a token
+    no answer holds: not an end token, nor a special token the chat template renders (the
+    draft could not tell a mask slot from it)."""
+    if config.train.method != "dflash":
+        return
+    from eaglet.target import end_token_ids
+
+    mask = config.train.dflash.mask_token_id
+    setting, said = f"train.dflash.mask_token_id={mask}", report.problems
+    if mask is None:  # the default: said, not refused (a target's pad is rarely in answers)
+        said = report.warnings
+        pad = getattr(model_config, "pad_token_id", None)
+        mask = pad if isinstance(pad, int) else model_config.vocab_size - 1
+        setting = f"train.dflash.mask_token_id (blank: the pad token, {mask})"
+    ends = set(end_token_ids(config.target, tokenizer))
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    try:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}],
+            tokenize=True, **config.tokenize.chat_template_kwargs,
+        )  # fmt: skip
+        rendered = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
+        special |= {int(i) for i in rendered if int(i) in set(tokenizer.get_added_vocab().values())}
+    except Exception:  # check_template names a template that cannot render
+        pass
+    if mask in ends or mask in special - {getattr(tokenizer, "pad_token_id", None)} - {None}:
+        what = (
+            "an end token of the target's answers"
+            if mask in ends
+            else ("a special token the chat template renders")
+        )
+        said.append(
+            f"{setting} is {tokenizer.convert_ids_to_tokens(mask)!r}, {what}: a mask slot "
+            "would look like it to the draft; choose a token no answer holds (a reserved or "
+            "unused id)"
+        )
+
+
+def non_finite_tensor(path: Path) -> str | None:
     """The first tensor of a safetensors file holding NaN or infinity, named; None if none."""
     import torch
     from safetensors import SafetensorError, safe_open
@@ -58,6 +99,44 @@ def _non_finite_tensor(path: Path) -> str | None:
                     return f"{path}: tensor {name} holds {bad} NaN or infinite value(s)"
     except (SafetensorError, OSError) as exc:
         return f"{path}: not a readable safetensors file ({first_line(exc)})"
+    return None
+
+
+# What a draft's config.json holds and a target's does not (eaglet's exports, speculators',
+# vLLM's EAGLE-3, P-EAGLE and DFlash checkpoints).
+DRAFT_KEYS = ("eaglet", "draft_vocab_size", "dflash_config", "pard_token", "speculators_config")
+DRAFT_ARCHITECTURE_WORDS = ("eagle", "dflash", "dspark", "speculator", "draft")
+
+
+def draft_folder_problem(folder: Path) -> str | None:
+    """Why `folder` is not a draft that can be scored (no config.json, a target's folder, no
+    weights, weights cut short, or NaN/inf in them), in one line naming the file; None when
+    it is one."""
+    import json
+
+    config_file = Path(folder) / "config.json"
+    if not config_file.is_file():
+        return f"{folder} holds no config.json: give a draft folder"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        return f"{config_file}: not valid JSON ({first_line(exc)})"
+    if not isinstance(config, dict):
+        return f"{config_file}: not a model config (a JSON object)"
+    architectures = [str(a) for a in config.get("architectures") or []]
+    named = any(w in a.lower() for a in architectures for w in DRAFT_ARCHITECTURE_WORDS)
+    if not named and not any(key in config for key in DRAFT_KEYS):
+        return (
+            f"{folder} is not a draft: its config.json describes {architectures or 'a model'} "
+            "with none of a draft's keys (a target model's folder?); give the draft's folder"
+        )
+    weights = sorted(Path(folder).glob("*.safetensors"))
+    if not weights:
+        return f"{folder} holds no .safetensors weights"
+    for path in weights:
+        damaged = check_safetensors(path) or non_finite_tensor(path)
+        if damaged:
+            return f"{damaged}: a draft with these weights is never scored"
     return None
 
 
@@ -88,7 +167,7 @@ def check_init_from(config: PipelineConfig, model_config: Any, report: Preflight
         return
     found = problems(start, target, ids)
     weights = start.folder / "model.safetensors"
-    damaged = check_safetensors(weights) or _non_finite_tensor(weights)
+    damaged = check_safetensors(weights) or non_finite_tensor(weights)
     if damaged:
         found.append(f"train.init_from weights: {damaged}: train it again or export it again")
     report.problems.extend(found)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -69,6 +69,48 @@ def write_jsonl(path: Path, records: Iterable[Record]) -> int:
 
 
 REJECTED_LINES_SUFFIX = ".rejected-lines.jsonl"
+SORTING_SUFFIX = ".sorting"
+
+
+def sort_jsonl(path: Path, rank: Callable[[str], tuple]) -> bool:
+    """Rewrite a record file with its lines in the order `rank(sample_id)` gives (ties in file
+    order), each line's bytes as they were; a file already in that order is left untouched.
+    Streams: only each line's offset is held. Returns whether it rewrote the file.
+
+    A stage's record file is written in the order records arrive (reused ones first,
+    concurrent requests as they finish); sorted once before it is sealed, its bytes are the
+    same whatever was reused or how requests interleaved, so an incremental run's folder
+    equals a fresh run's."""
+    path = Path(path)
+    for leftover in path.parent.glob(f".{path.name}.*{SORTING_SUFFIX}"):
+        leftover.unlink()  # a sort cut short by a kill: its copy, never the file itself
+    if not path.exists():
+        return False
+    lines: list[tuple[tuple, int, int, int]] = []  # (rank, line number, offset, length)
+    offset = 0
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle):
+            if line.strip():
+                sample_id = json.loads(line)["sample_id"]
+                lines.append((rank(sample_id), number, offset, len(line)))
+            offset += len(line)
+    ordered = sorted(lines)
+    if ordered == lines:
+        return False
+    tmp = path.with_name(f".{path.name}.{os.getpid()}{SORTING_SUFFIX}")
+    try:
+        with open(path, "rb") as source, open(tmp, "wb") as out:
+            for _, _, start, length in ordered:
+                source.seek(start)
+                out.write(source.read(length))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return True
+
 
 log = logging.getLogger("eaglet.records")
 

@@ -8,6 +8,9 @@ the prompts whose ids are not written yet. Failed samples are listed in a table 
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 
 from eaglet.canary import run_canary
@@ -19,14 +22,14 @@ from eaglet.generation import (
     TooManyFailuresError,
     run_generation_sync,
 )
-from eaglet.records.io import read_jsonl
-from eaglet.records.prompts import Prompt
+from eaglet.records.io import read_jsonl, sort_jsonl
+from eaglet.records.prompts import Prompt, conversation_id
 from eaglet.reuse import seed_generations
 from eaglet.stage_context import StageContext
 from eaglet.stages import FAILED_FILE, GENERATIONS_FILE, PROMPTS_FILE
 from eaglet.storage import Manifest, StageOutput, stage_dir
 from eaglet.target import load_tokenizer
-from eaglet.turns import generate_every_turn
+from eaglet.turns import generate_every_turn, turn_number
 
 
 def api_key(config: PipelineConfig, ctx: StageContext) -> str | None:
@@ -91,14 +94,37 @@ def run(
     except TooManyFailuresError:
         _failed_samples_artifact(ctx, failed_path)
         raise
+    # One order whatever was reused or finished first: the prompts', each conversation's
+    # turns after it (an incremental run's file equals a fresh run's, byte for byte).
+    position = {p.sample_id: i for i, p in enumerate(all_prompts)}
+
+    def rank(sample_id: str) -> tuple[int, int]:
+        return position.get(conversation_id(sample_id), len(position)), turn_number(sample_id)
+
+    for name in (GENERATIONS_FILE, FAILED_FILE):
+        sort_jsonl(folder / name, rank)
     _failed_samples_artifact(ctx, failed_path)
     figures = summary.as_dict()
     return StageOutput(
-        counts={
-            "records": figures["written"] + figures["already_done"],
-            "failed": figures["failed"],
-            "truncated": figures["finish_reasons"].get("length", 0),
-            "looped": figures["finish_reasons"].get("loop", 0),
-        },
+        counts=_counts(folder),
         info={"engine": config.generation.engine, **figures, "reused": reused},
     )
+
+
+def _counts(folder: Path) -> dict[str, int]:
+    """The manifest's counts, read from the files as sealed (not this run's share of them:
+    what was reused or written before a resume counts as in a fresh run)."""
+    finish: Counter[str] = Counter()
+    with open(folder / GENERATIONS_FILE, "rb") as handle:
+        for line in handle:
+            if line.strip():
+                finish[json.loads(line)["finish_reason"]] += 1
+    failed = folder / FAILED_FILE
+    with open(failed, "rb") if failed.exists() else nullcontext([]) as handle:
+        failures = sum(1 for line in handle if line.strip())
+    return {
+        "records": sum(finish.values()),
+        "failed": failures,
+        "truncated": finish["length"],
+        "looped": finish["loop"],
+    }

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from eaglet.cache import model_fingerprint
 from eaglet.config import load_config
+from eaglet.fingerprints import model_fingerprint
 from eaglet.records.io import repair_jsonl
 from eaglet.stage_bodies.every_stage import run_stage_without_prefect
 from eaglet.stage_context import PlainContext

@@ -125,3 +125,21 @@ def test_disk_full_in_train_ends_on_the_line_that_names_the_folder(
         assert not finished(train_dir), "a stage that ran out of disk was taken as done"
     finally:
         unmount(train_dir)
+
+
+def test_a_full_disk_outside_a_stage_folder_names_the_file(tmp_path, capsys):
+    """Issue 46: a full disk met writing the run's own records (not a stage's folder) ended on
+    a bare `OSError: [Errno 28]`; the last line names the file and what to do."""
+    import argparse
+    import errno
+
+    from eaglet_prefect.flows.cli import _run_command
+
+    record = tmp_path / "work" / "run.json"
+
+    def handler(args):
+        raise OSError(errno.ENOSPC, "No space left on device", str(record))
+
+    assert _run_command(argparse.Namespace(command="run", handler=handler)) == 1
+    [error] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert "No space left on device while writing" in error and str(record) in error

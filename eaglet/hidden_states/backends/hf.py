@@ -1,9 +1,12 @@
-"""The `hf` backend: the target run in-process with transformers, in batches bucketed by
-length, right-padded so that padding never reaches a stored state.
+"""The `hf` backend: the target run in-process with transformers, one sample per forward.
 
-With causal attention a real token never attends to the pads after it, and the attention mask
-keeps positions 0..n-1, so a sample's states are the same (within fp32 tolerance) whether it
-shares a batch with longer samples or runs alone (tests/test_hidden_states.py checks it).
+A sample's states are a function of its tokens alone, bit for bit: in a batch they would
+differ in the last bits with the batch's other samples and padding (the matrix products'
+blocking follows the batch's shape), and stored as int8 such a difference flips stored values,
+so features reused from an earlier run would not be what a fresh run computes (issue 46).
+One sample per forward costs nothing measurable on the CPU (the fixture: 23.0k tokens/s alone
+against 22.7k in batches of 8) and little on a GPU for reasoning answers of thousands of
+tokens, each a large matrix product of its own.
 `hidden_states.hf.device_map: auto` spreads a model larger than one GPU over every visible GPU.
 Online training runs it in the training process, frozen (`eaglet.draft.online`).
 """
@@ -61,23 +64,6 @@ def _cached_model(target: TargetConfig, device_map: str | None):
     return _MODELS[key]
 
 
-def length_batches(lengths: list[int], batch_size: int, batch_tokens: int) -> list[list[int]]:
-    """Indices grouped into batches of similar length: at most `batch_size` sequences and at
-    most `batch_tokens` padded tokens (one sequence alone may exceed it)."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        width = lengths[i]  # sorted: the newest is the longest
-        if current and (len(current) >= batch_size or (len(current) + 1) * width > batch_tokens):
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
-
-
 class HFBackend:
     """Target features of examples, computed with transformers."""
 
@@ -85,8 +71,6 @@ class HFBackend:
         self,
         target: TargetConfig,
         aux_layer_ids: list[int] | None,
-        batch_size: int = 8,
-        batch_tokens: int = 16384,
         device_map: str | None = None,
     ):
         self.model = _cached_model(target, device_map)
@@ -98,51 +82,35 @@ class HFBackend:
             if aux_layer_ids is None
             else list(aux_layer_ids)
         )
-        self.batch_size = batch_size
-        self.batch_tokens = batch_tokens
 
-    def forward(self, batch: list[list[int]]) -> list[dict[str, torch.Tensor]]:
-        """One right-padded forward of token id lists; per sample aux [n, 3H], final [n, H]."""
+    def forward(self, ids: list[int]) -> dict[str, torch.Tensor]:
+        """One sample's forward: aux [n, 3H] and final [n, H] states, float32 on the CPU."""
         import torch
 
         with torch.inference_mode():
-            device = self.model.device
-            width = max(len(ids) for ids in batch)
-            input_ids = torch.zeros((len(batch), width), dtype=torch.long)  # [B, T]
-            attention_mask = torch.zeros((len(batch), width), dtype=torch.long)  # [B, T]
-            for row, ids in enumerate(batch):
-                input_ids[row, : len(ids)] = torch.tensor(ids)
-                attention_mask[row, : len(ids)] = 1
             outputs = self.model.model(
-                input_ids=input_ids.to(device),
-                attention_mask=attention_mask.to(device),
+                input_ids=torch.tensor([ids], device=self.model.device),  # [1, n]
                 output_hidden_states=True,
                 use_cache=False,
             )
             aux = torch.cat([outputs.hidden_states[i] for i in self.aux_layer_ids], dim=-1)
-            final = outputs.last_hidden_state  # [B, T, H], after the final norm
-            return [
-                {
-                    "aux_hidden_states": aux[row, : len(ids)].float().cpu(),  # [n, 3H]
-                    "final_hidden_states": final[row, : len(ids)].float().cpu(),  # [n, H]
-                }
-                for row, ids in enumerate(batch)
-            ]
+            final = outputs.last_hidden_state  # [1, n, H], after the final norm
+            return {
+                "aux_hidden_states": aux[0].float().cpu(),  # [n, 3H]
+                "final_hidden_states": final[0].float().cpu(),  # [n, H]
+            }
 
     def features(
         self, examples: Sequence[Sample], on_tokens: Callable[[int], None] | None = None
     ) -> list[dict[str, torch.Tensor]]:
-        """Features of every example, in the order given, computed in length buckets;
-        `on_tokens(n)` after each batch of n tokens (progress inside a shard)."""
-        lengths = [len(e.input_ids) for e in examples]
-        out: list[dict[str, torch.Tensor] | None] = [None] * len(examples)
-        for batch in length_batches(lengths, self.batch_size, self.batch_tokens):
-            results = self.forward([examples[i].input_ids for i in batch])
-            for i, result in zip(batch, results, strict=True):
-                out[i] = result
+        """Features of every example, in the order given, one forward each; `on_tokens(n)`
+        after each sample of n tokens (progress inside a shard)."""
+        out = []
+        for example in examples:
+            out.append(self.forward(example.input_ids))
             if on_tokens is not None:
-                on_tokens(sum(lengths[i] for i in batch))
-        return out  # type: ignore[return-value]
+                on_tokens(len(example.input_ids))
+        return out
 
     def close(self) -> None:
         pass
@@ -160,13 +128,7 @@ class InProcessBackend:
     def open(
         self, target: TargetConfig, settings: HiddenStatesConfig, aux_layer_ids: list[int]
     ) -> HFBackend:
-        return HFBackend(
-            target,
-            aux_layer_ids,
-            batch_size=settings.batch_size,
-            batch_tokens=settings.batch_tokens,
-            device_map=settings.hf.device_map,
-        )
+        return HFBackend(target, aux_layer_ids, device_map=settings.hf.device_map)
 
     def serving(self, config: Any, folder: Any, report: Any) -> nullcontext:
         return nullcontext(config)  # no server: the target runs in the stage's process
