@@ -256,7 +256,7 @@ def run_stages(
                 key="run-report",
                 description=f"eaglet run {config.name}: per stage, Cached or ran, and key figures",
             )
-            record_code_version()
+        record_code_version()  # not on an interrupt: its exit is due within seconds
         if failure is not None:  # the run page's state and the notification lead with it
             stage = failed_stages(record)[0]
             headline = failure_headline(stage, record["stages"][stage], origin)
