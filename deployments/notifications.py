@@ -5,8 +5,15 @@ Teams, Discord, a custom webhook, e-mail: any block with Prefect's `notify` capa
 `eaglet serve --notify BLOCK` creates them, `eaglet notify BLOCK` does alone, and
 `prefect deploy` of `deployments/prefect.yaml` does in its build step (`notifications_step`)
 when `EAGLET_NOTIFY_BLOCK` names a block. All are idempotent: an automation of the same name
-is updated in place, never doubled. The τ comes from the flow run's Completed state, whose
-message the pipeline sets (`completed_message` in flows/pipeline.py).
+is updated in place, never doubled.
+
+What a message says comes from the flow run: its name (config, draft method, until/plan:
+`flows/run_names.py`) and state name (Completed, Cached, Failed, Crashed) make the subject;
+its state message, which eaglet sets (the τ of a completed run, or the failed stage, its error
+and what to do: flows/pipeline.py), opens the body; a link to the run's page ends it. The
+link is the server's `PREFECT_UI_URL` when it has one, else the UI address of the API the
+automations were created through (what `PREFECT_UI_URL` is for this client: the API URL
+without `/api`), so a server started without it still sends a link.
 """
 
 from __future__ import annotations
@@ -18,39 +25,49 @@ from uuid import UUID
 from prefect.automations import AutomationCore, EventTrigger, SendNotification
 from prefect.client.orchestration import get_client
 from prefect.exceptions import ObjectNotFound
+from prefect.settings import PREFECT_UI_URL
 
 # The flows whose runs are reported (the pipeline and its short form; deployments of either).
 FLOWS = ("eaglet-pipeline", "eaglet-pipeline-short-form")
 FLOW_RUNS = {"prefect.resource.id": "prefect.flow-run.*"}
 OF_EAGLET = {"prefect.resource.role": "flow", "prefect.resource.name": list(FLOWS)}
-# The run page's URL, when the server knows its UI's (PREFECT_UI_URL); else the run's id.
-RUN_LINK = "{{ (flow_run|ui_url) or ('flow run ' ~ flow_run.id) }}"
+
+
+def run_link(ui_url: str | None) -> str:
+    """The message's link to the run's page: the server's own UI URL for it when it knows one
+    (`PREFECT_UI_URL` on the server), else `ui_url`'s page for it (else the run's id)."""
+    fallback = f"'{ui_url.rstrip('/')}/runs/flow-run/' ~ flow_run.id" if ui_url else "flow_run.id"
+    return f"{{{{ (flow_run|ui_url) or ({fallback}) }}}}"
 
 
 @dataclass(frozen=True)
 class Notice:
-    """One automation: which flow-run states fire it, and what the message says."""
+    """One automation: which flow-run states fire it (by state name: eaglet names a run whose
+    every stage was reused Cached), and what the message says."""
 
     name: str
     states: tuple[str, ...]
-    subject: str
     body: str
+
+
+# Config, draft method (the run's name) and outcome (its state's name), whatever the kind.
+SUBJECT = "eaglet {{ flow_run.name }}: {{ flow_run.state.name }}"
 
 
 NOTICES = (
     Notice(
         name="eaglet: a run failed or crashed",
         states=("Failed", "Crashed"),
-        subject="eaglet run {{ flow_run.name }}: {{ flow_run.state.name }}",
-        body="eaglet run {{ flow_run.name }} ended {{ flow_run.state.name }}: "
-        "{{ flow_run.state.message }}\nIts page (failure artifact, logs, Retry): " + RUN_LINK,
+        body="{{ flow_run.state.message }}\n"
+        "eaglet run {{ flow_run.name }} ended {{ flow_run.state.name }}. "
+        "Its page (failure artifact, logs, Retry): ",
     ),
     Notice(
         name="eaglet: a run completed",
-        states=("Completed",),
-        subject="eaglet run {{ flow_run.name }}: Completed",
-        body="eaglet run {{ flow_run.name }} completed: {{ flow_run.state.message }}\n"
-        "Its page (run report, plots): " + RUN_LINK,
+        states=("Completed", "Cached"),
+        body="{{ flow_run.state.message }}\n"
+        "eaglet run {{ flow_run.name }} ended {{ flow_run.state.name }}. "
+        "Its page (run report, plots): ",
     ),
 )
 
@@ -103,8 +120,9 @@ def _missing(name: str) -> str:
     )
 
 
-def automation_of(notice: Notice, block_id: UUID) -> AutomationCore:
-    """The automation of `notice`, sending through the block `block_id`."""
+def automation_of(notice: Notice, block_id: UUID, ui_url: str | None = None) -> AutomationCore:
+    """The automation of `notice`, sending through the block `block_id`, its link to the run's
+    page on `ui_url` when the server has no UI URL of its own."""
     return AutomationCore(
         name=notice.name,
         description="Created by eaglet (eaglet serve --notify / eaglet notify); "
@@ -117,7 +135,11 @@ def automation_of(notice: Notice, block_id: UUID) -> AutomationCore:
             threshold=1,
         ),
         actions=[
-            SendNotification(block_document_id=block_id, subject=notice.subject, body=notice.body)
+            SendNotification(
+                block_document_id=block_id,
+                subject=SUBJECT,
+                body=notice.body + run_link(ui_url),
+            )
         ],
     )
 
@@ -126,10 +148,11 @@ def ensure_notifications(block_name: str) -> list[str]:
     """Create eaglet's automations, or update the ones of the same names, to notify through
     `block_name`; returns one line per automation saying what was done."""
     block_id = notification_block_id(block_name)
+    ui_url = PREFECT_UI_URL.value()  # this client's: the API URL without /api, unless set
     done = []
     with get_client(sync_client=True) as client:
         for notice in NOTICES:
-            wanted = automation_of(notice, block_id)
+            wanted = automation_of(notice, block_id, ui_url)
             existing = client.read_automations_by_name(notice.name)
             for extra in existing[1:]:  # doubles from an older, non-idempotent set-up
                 client.delete_automation(extra.id)

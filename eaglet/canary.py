@@ -59,13 +59,10 @@ PARSER_HINT = (
 
 
 class CanaryError(PermanentError, RuntimeError):
-    """The canary found a broken setup; the message lists every problem and its fix.
-    `server_down`: every problem was a server that did not answer, so the same settings can
-    succeed once it is up (never retried automatically: the canary fails fast)."""
-
-    def __init__(self, message: str, server_down: bool = False) -> None:
-        super().__init__(message)
-        self.server_down = server_down
+    """The canary found a broken setup; the message lists every problem and its fix. Like
+    every `PermanentError` it is never retried, and the advice says so: Retry with the same
+    parameters fails the same way (a server that did not answer included: the run fails
+    fast, naming the endpoint to fix or start)."""
 
 
 @dataclass
@@ -102,7 +99,7 @@ class CanaryReport:
 
     def raise_if_failed(self) -> None:
         if self.failures:
-            server_down = self.unreachable == len(self.failures)
+            server_down = self.unreachable == len(self.failures)  # no raw response to show
             raise CanaryError(
                 "preflight canary failed:\n  "
                 + "\n  ".join(self.failures)
@@ -110,8 +107,7 @@ class CanaryReport:
                     ""
                     if server_down
                     else "\n(`eaglet doctor CONFIG` shows one raw server response)"
-                ),
-                server_down=server_down,
+                )
             )
 
 

@@ -1,13 +1,18 @@
-"""What a failed stage tells a person to do, in the terms of the place they started the run: the
-Prefect UI's short form (its own fields), the full form (Config → section → field), or a shell
-(`eaglet run`). Retry is offered only when the same parameters can succeed (a passing fault:
-a connection, a timeout, a busy server); otherwise the advice names the setting to change and
-says that Retry would fail the same way.
+"""What a failed or refused run tells a person to do, in the terms of the place the setting came
+from: the Prefect UI's short form (its own fields), the full form (Config → section → field),
+the YAML file `config_path` names (file and key), or a shell (`eaglet run`, `--set`).
+
+One fact decides the advice for a failure: whether the same parameters can succeed
+(`eaglet.errors.is_transient`, the same test that decides Prefect's automatic retries). The
+log, the `<stage>-failure` artifact, the flow run's state message and the notification all
+say what `what_to_do` and `failure_headline` derive from it: Retry where it can succeed,
+otherwise the setting to change and that Retry would fail the same way.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel
@@ -57,41 +62,82 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def field_for(key: str, started_from: StartedFrom) -> str:
-    """How a config key is reached where the run was started."""
-    plain = re.sub(r"\[\d+\]", "", key)
-    if started_from == "short form":
-        field = SHORT_FORM_FIELDS.get(plain) or SHORT_FORM_FIELDS.get(plain.split(".")[0])
-        if field:
-            return f"`{field}` (a field of this form)"
-        return (
-            f"`{key}` (not a field of the short form: set it in the base config file its "
-            "`config_path` names, or run the `pipeline` deployment, whose form has every setting)"
+@dataclass(frozen=True)
+class RunOrigin:
+    """Where a run's settings came from: the page or shell that started it, the YAML file they
+    were read from (None: the form's own values or the demo's defaults), and the keys the
+    short form's fields set on top of that file."""
+
+    started_from: StartedFrom
+    config_file: str | None = None
+    set_keys: frozenset[str] = frozenset()
+
+    @classmethod
+    def of_run(cls, run: dict[str, Any] | None) -> RunOrigin:
+        """The origin a run record (`run.json`) holds."""
+        run = run or {}
+        return cls(
+            run.get("started_from", "shell"),
+            run.get("config_path") or None,
+            frozenset(run.get("set_keys") or ()),
         )
-    if started_from == "full form":
+
+
+def field_for(key: str, origin: RunOrigin | StartedFrom) -> str:
+    """Where a config key is set for a run of `origin`: the short form's field, the full
+    form's field, the YAML file and key, or `--set`."""
+    if isinstance(origin, str):
+        origin = RunOrigin(origin)
+    plain = re.sub(r"\[\d+\]", "", key)
+    section = plain.split(".")[0]
+    in_file = f"`{key}` in `{origin.config_file}`" if origin.config_file else None
+    if origin.started_from == "short form":
+        field = SHORT_FORM_FIELDS.get(plain) or SHORT_FORM_FIELDS.get(section)
+        if field and (plain in origin.set_keys or section in origin.set_keys or not in_file):
+            return f"`{field}` (a field of this form)"
+        if field:
+            return f"{in_file} (the base config `config_path` names), or this form's `{field}`"
+        if in_file:
+            return f"{in_file} (the base config `config_path` names; not a field of this form)"
+        return (
+            f"`{key}` (not a field of the short form: set it in a base config file named by "
+            "`config_path`, or run the `pipeline` deployment, whose form has every setting)"
+        )
+    if origin.started_from == "full form":
+        if in_file:
+            return f"{in_file} (the file `config_path` names; the form's `config` is not used)"
         return f"`{key}` ({form_path(plain)})"
+    if in_file:
+        return f"{in_file} (or `--set {plain}=...`)"
     return f"`{key}` in the config file (or `--set {plain}=...`)"
 
 
+def fails_again(started_from: StartedFrom) -> str:
+    """What repeating a failed run with the same parameters does, in the words of where it
+    started (a failure `eaglet.errors.is_transient` finds deterministic)."""
+    if started_from == "shell":
+        return "the same command would fail the same way"
+    return "Retry would send the same parameters and fail the same way"
+
+
 def what_to_do(
-    stage: str, entry: dict[str, Any], resume_command: str, started_from: StartedFrom
+    stage: str, entry: dict[str, Any], resume_command: str, origin: RunOrigin | StartedFrom
 ) -> list[str]:
     """The markdown lines that say how to go on after `stage` failed with `entry['error']`."""
-    keys = config_keys_named(entry.get("error", ""))
+    if isinstance(origin, str):
+        origin = RunOrigin(origin)
+    keys = settings_to_change(stage, entry)
     can_retry = bool(entry.get("retry_can_succeed"))
-    spec = STAGE.get(stage)
-    if can_retry and not keys and spec is not None and spec.retry_setting:
-        keys = [spec.retry_setting]  # the setting behind its passing faults, worth naming
-    fields = ", ".join(field_for(k, started_from) for k in keys)
-    ui = started_from != "shell"
+    fields = ", ".join(field_for(k, origin) for k in keys)
+    ui = origin.started_from != "shell"
     again = (
         "the **Retry** button on this flow run's page runs it again with the same parameters"
         if ui
         else f"`{resume_command}` runs it again"
     )
     new_run = (
-        "start a new run (*Run* → *Custom run* on this deployment): Retry would send the same "
-        "parameters and fail the same way"
+        "start a new run (*Run* → *Custom run* on this deployment): "
+        + fails_again(origin.started_from)
         if ui
         else f"run `{resume_command}` again"
     )
@@ -106,3 +152,39 @@ def what_to_do(
     if fields:
         return [f"**Change** {fields}, then {new_run}."]
     return [f"**Fix the cause above**, then {new_run}."]
+
+
+def settings_to_change(stage: str, entry: dict[str, Any]) -> list[str]:
+    """The config keys a failure's error names, else the stage's `retry_setting` (the server
+    it talks to)."""
+    keys = config_keys_named(entry.get("error", ""))
+    spec = STAGE.get(stage)
+    if not keys and spec is not None and spec.retry_setting:
+        keys = [spec.retry_setting]
+    return keys
+
+
+def key_line(error: str) -> str:
+    """The line of an error message that says what went wrong: its first, or the first one
+    below a heading that ends with a colon (`preflight canary failed:`)."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if lines[0].endswith(":") and len(lines) > 1:
+        return f"{lines[0]} {lines[1]}"
+    return lines[0]
+
+
+def failure_headline(stage: str, entry: dict[str, Any], origin: RunOrigin) -> str:
+    """One line for a failed run (its flow run's state message, the notification's first
+    line): the stage, the error's key line, and whether Retry can succeed or what to change."""
+    can_retry = bool(entry.get("retry_can_succeed"))
+    line = f"{stage} failed: {key_line(entry.get('error', ''))}"
+    if can_retry:
+        return f"{line}. Retry can succeed once the passing fault is gone"
+    verdict = fails_again(origin.started_from)
+    verdict = verdict[0].upper() + verdict[1:]
+    keys = settings_to_change(stage, entry)
+    if keys:
+        return f"{line}. {verdict}: change {', '.join(field_for(k, origin) for k in keys)}"
+    return f"{line}. {verdict}"

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from eaglet.config import PipelineConfig, resolve_paths
-from eaglet.failure_advice import StartedFrom, what_to_do
+from eaglet.failure_advice import RunOrigin, key_line, what_to_do
 from eaglet.stages import FAILED_FILE, STAGE, STAGE_LIST, STAGES
 from eaglet.storage import ManifestError, read_manifest, write_json_atomic
 
@@ -54,10 +55,14 @@ def start_run_record(
     config_path: str | None,
     until: str,
     refresh_from: str | None,
-    started_from: StartedFrom = "shell",
+    origin: RunOrigin | None = None,
+    flow_run: str | None = None,
 ) -> dict[str, Any]:
     """Write `WORK_DIR/config.yaml` (the config this run uses) and a fresh `run.json`;
-    `started_from` (the UI's short or full form, or a shell) words the failure advice."""
+    `origin` (the UI's short or full form, or a shell; the YAML file the settings came from;
+    the keys the short form set) words the failure advice, `flow_run` is the Prefect flow run
+    (a crash report reads the record only when it is its own)."""
+    origin = origin or RunOrigin("shell", config_path)
     work_dir = Path(config.work_dir).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     own_file = work_dir / CONFIG_FILE
@@ -71,7 +76,11 @@ def start_run_record(
         "config_file": str(Path(config_path).resolve()) if config_path else str(own_file),
         "until": until,
         "refresh_from": refresh_from,
-        "started_from": started_from,
+        "started_from": origin.started_from,
+        "config_path": origin.config_file,
+        "set_keys": sorted(origin.set_keys),
+        "flow_run": flow_run,
+        "running": None,  # the stage running now (a crash report names it)
         "stages": {},
     }
     write_run_record(work_dir, run)
@@ -212,7 +221,9 @@ def partial_advice(stage: str) -> str:
 def failure_note(stage: str, entry: dict[str, Any], run: dict[str, Any] | None) -> str:
     """Markdown: what failed, on which samples/files, where the partial folder is, how to resume."""
     partial = entry.get("partial", {})
-    lines = [f"## `{stage}` failed", "", "```", entry["error"].strip(), "```", ""]
+    # The key line as text first (it wraps; a long line in the code block below is clipped).
+    lines = [f"## `{stage}` failed", "", f"**Error:** {plain(key_line(entry['error']))}", ""]
+    lines += ["```", entry["error"].strip(), "```", ""]
     if partial.get("exists"):
         lines.append(
             f"Partial outputs, kept: `{entry['path']}` ({partial['files']} files, "
@@ -240,13 +251,18 @@ def failure_note(stage: str, entry: dict[str, Any], run: dict[str, Any] | None) 
         "",
         f"**Resume**: finished stages come back Cached; this stage {partial_advice(stage)}.",
         "",
-        *what_to_do(stage, entry, resume_command(run), started_from),
+        *what_to_do(stage, entry, resume_command(run), RunOrigin.of_run(run)),
         "",
         "To redo a finished stage and everything after it (a server flag or a dataset revision "
         "changed; a fix to eaglet's code needs nothing, the stage's key changes): "
         + REFRESH_FROM[started_from].format(stage=stage),
     ]
     return "\n".join(lines)
+
+
+def plain(text: str) -> str:
+    """`text` shown as written in markdown (its `*`, `_`, backticks... escaped)."""
+    return re.sub(r"([\\`*_\[\]<>#|])", r"\\\1", text)
 
 
 def percent(value: float | None) -> str:

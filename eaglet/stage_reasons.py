@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eaglet.cache import code_hash, code_modules, stage_config, stage_key
+from eaglet.cache import PLUG_IN_MODULE, code_hash, code_modules, stage_config, stage_key
 from eaglet.config import PipelineConfig
 from eaglet.reuse import earlier_runs_alike, reusable_generations
 from eaglet.stages import STAGE, STAGE_LIST, STAGES
@@ -35,6 +35,12 @@ from eaglet.storage import (
 )
 
 MAX_SHOWN = 6  # config paths or modules named in one reason
+# The setting that chooses each registry's entry a stage plugs in (`Stage.plug_ins`).
+PLUG_IN_SETTING = {
+    "engine": "generation.engine",
+    "backend": "hidden_states.backend",
+    "method": "train.method",
+}
 
 
 def previous_folder(work_dir: Path, stage: str, key: str) -> Manifest | None:
@@ -84,17 +90,40 @@ def config_reason(current: dict[str, Any], previous: dict[str, Any]) -> str | No
     return f"config changed: {_named(shown)}"
 
 
-def code_reason(current: dict[str, str], previous: Manifest, current_hash: str) -> str | None:
-    """'code changed: eaglet.extract, ...' naming the modules whose source differs."""
+def code_reason(
+    current: dict[str, str], previous: Manifest, current_hash: str, config_changed: bool = False
+) -> str | None:
+    """'code changed: eaglet.extract, ...' naming the modules whose source differs. With
+    `config_changed`, modules that only joined or left the stage's code are the config's
+    doing (another `train.method`, engine or backend brings its own module), not a code change."""
     if previous.code_hash == current_hash:
         return None
     if not previous.code_modules:
         return "code changed (the earlier folder did not record its modules)"
-    changed = sorted(
-        m for m in current.keys() | previous.code_modules.keys()
-        if current.get(m) != previous.code_modules.get(m)
-    )  # fmt: skip
-    return f"code changed: {_named(changed)}"
+    before = previous.code_modules
+    edited = [m for m in current.keys() & before.keys() if current[m] != before[m]]
+    moved = [] if config_changed else list(current.keys() ^ before.keys())
+    changed = sorted(edited + moved)
+    return f"code changed: {_named(changed)}" if changed else None
+
+
+def plug_in_reason(
+    stage: str, config: PipelineConfig, keyed: dict[str, Any], previous: Manifest
+) -> str | None:
+    """'config changed: train.method, now 'dflash'' when the entry a stage plugs in (its
+    draft method, engine, backend) is another than the previous folder's code held, and the
+    stage's keyed config does not already say so (evaluate is keyed by the draft it reads,
+    not by train.method)."""
+    if not previous.code_modules:
+        return None
+    changed = []
+    for kind in STAGE[stage].code_plug_ins(config):
+        setting, module = PLUG_IN_SETTING[kind], PLUG_IN_MODULE[kind](config)
+        if module is None or module in previous.code_modules or setting in keyed:
+            continue
+        section, name = setting.split(".")
+        changed.append(f"{setting}, now {getattr(getattr(config, section), name)!r}")
+    return f"config changed: {_named(changed)}" if changed else None
 
 
 def upstream_reason(upstream: list[Manifest], previous: Manifest) -> str | None:
@@ -135,9 +164,14 @@ def why_it_runs(
     if previous is None:
         return reasons or ["first run of this stage in this work dir"]
     modules = code_modules(stage, config) if modules is None else modules
+    keyed = stage_config(stage, config)
+    by_config = [
+        config_reason(keyed, previous.config),
+        plug_in_reason(stage, config, keyed, previous),
+    ]
     found = [
-        config_reason(stage_config(stage, config), previous.config),
-        code_reason(modules, previous, code_hash(stage, config)),
+        *by_config,
+        code_reason(modules, previous, code_hash(stage, config), any(by_config)),
         upstream_reason(upstream, previous),
     ]
     reasons += [r for r in found if r]

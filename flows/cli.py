@@ -32,7 +32,9 @@ from eaglet.stages import DRAFT_FOLDER, REPORT_FILE, STAGES
 from eaglet.work_dir_status import inspect_work_dir, is_work_dir, show_sample
 from eaglet_prefect.flows.prefect_server import (
     SERVER_WAIT_S,
+    CredentialsRefused,
     TemporaryPrefectServer,
+    check_credentials,
     profile_api_url,
     server_wait_s,
     wait_for_server,
@@ -85,9 +87,12 @@ def _run_pipeline(
     # before the temporary server starts; the preflight below only checks.
     ensure_demo_inputs(config)
     server = None
+    api_url = os.environ.get("PREFECT_API_URL") or profile_api_url()
+    if api_url:  # a server that wants credentials this client lacks: said now, nothing ran
+        check_credentials(api_url)
     # From the main thread only: PR_SET_PDEATHSIG would fire when another thread exits.
     main_thread = threading.current_thread() is threading.main_thread()
-    if main_thread and not os.environ.get("PREFECT_API_URL") and not profile_api_url():
+    if main_thread and not api_url:
         server = TemporaryPrefectServer()
         server.start()  # it comes up while the imports below run
     shutdown.set_stage("the preflight")
@@ -439,6 +444,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if api_url:
+        check_credentials(api_url)  # a team's server without its credentials: exit 2
     if args.notify and cmd_notify(args) != 0:
         return 2
     from eaglet_prefect.deployments.serve import main as serve
@@ -644,7 +651,7 @@ def _run_command(args: argparse.Namespace) -> int:
     except work_dir_lock.WorkDirLocked as exc:  # nothing ran; the holder's run is untouched
         print(f"error: {exc}", file=sys.stderr)
         return WORK_DIR_LOCKED_EXIT
-    except work_dir_lock.WorkDirUnwritable as exc:  # nothing ran
+    except (work_dir_lock.WorkDirUnwritable, CredentialsRefused) as exc:  # nothing ran
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a failed stage: its message says what and where

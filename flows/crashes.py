@@ -1,6 +1,7 @@
 """What a crashed flow run (its process killed: kill -9, out of memory, a lost machine) leaves
-in the Prefect UI: no task run still Running, and the artifact `run-crashed` saying what was
-kept and how to resume. Prefect calls `report_crash` (an `on_crashed` hook of the flows) in
+in the Prefect UI: no task run still Running, and the artifact `run-crashed` naming the stage
+that was running and every stage that had finished (from the run's own record, `run.json`),
+and how to resume. Prefect calls `report_crash` (an `on_crashed` hook of the flows) in
 the process that served the run (`eaglet serve`, a worker) when the run's own process died,
 or in the run's process when it could still tell."""
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglet.run_report import RESTARTS_PARTIAL, RESUMES_PARTIAL, read_run_record
+from eaglet.stages import STAGES
 
 
 def work_dir_of(parameters: dict[str, Any]) -> Path | None:
@@ -28,24 +30,45 @@ def work_dir_of(parameters: dict[str, Any]) -> Path | None:
         return None
 
 
-def crash_markdown(message: str, interrupted: list[str], work_dir: Path | None) -> str:
-    """The `run-crashed` artifact: what stopped, what was kept, how to resume."""
-    where = ", ".join(interrupted) if interrupted else "between stages"
+def crash_markdown(
+    message: str, interrupted: list[str], work_dir: Path | None, flow_run_id: str | None = None
+) -> str:
+    """The `run-crashed` artifact: what stopped, what was kept, how to resume. The stage that
+    was running and those that had finished come from the run's record in its work dir
+    (when it is this flow run's); `interrupted` (its task runs still open) is the fallback."""
+    record = read_run_record(work_dir) if work_dir is not None else None
+    if record is not None and flow_run_id and record.get("flow_run") not in (None, flow_run_id):
+        record = None  # another run's record: a later run started in this work dir
+    running = (record or {}).get("running")
+    if running:
+        interrupted = [running]
+    stages = (record or {}).get("stages") or {}
+    finished = {  # in the stages' order (run.json keeps its keys sorted)
+        stage: stages[stage]
+        for stage in STAGES
+        if stages.get(stage, {}).get("state") in ("Completed", "Cached")
+    }
+    if interrupted:
+        where = ", ".join(interrupted)
+    elif finished:
+        where = f"the flow, after {list(finished)[-1]}"
+    else:
+        where = "the flow, before any stage finished"
     lines = [f"# Crashed during {where}: {message}", ""]
     resumes = [f"`{s}` {RESUMES_PARTIAL.get(s, RESTARTS_PARTIAL)}" for s in interrupted]
+    kept = f"the {len(finished)} stages that finished" if finished else "the stages that finished"
     lines += [
-        "**What to do:** Retry this run (the same parameters can succeed): the stages that "
-        "finished come back Cached" + ("; " + "; ".join(resumes) if resumes else "") + ".",
+        f"**What to do:** Retry this run (the same parameters can succeed): {kept} come back "
+        "Cached" + ("; " + "; ".join(resumes) if resumes else "") + ".",
         "",
     ]
-    record = read_run_record(work_dir) if work_dir is not None else None
-    finished = {
-        stage: entry
-        for stage, entry in ((record or {}).get("stages") or {}).items()
-        if entry.get("state") in ("Completed", "Cached")
-    }
     if finished:
-        lines += ["## Kept", "", "| stage | state | folder |", "|---|---|---|"]
+        lines += [
+            f"## Kept: {len(finished)} finished stages ({', '.join(finished)})",
+            "",
+            "| stage | state | folder |",
+            "|---|---|---|",
+        ]
         lines += [f"| {s} | {e['state']} | `{e.get('path', '')}` |" for s, e in finished.items()]
     else:
         lines.append("No stage had finished.")
@@ -82,7 +105,9 @@ def report_crash(flow: Any, flow_run: Any, state: Any) -> None:
             ArtifactCreate(
                 key="run-crashed",
                 type="markdown",
-                data=crash_markdown(message, interrupted, work_dir_of(flow_run.parameters)),
+                data=crash_markdown(
+                    message, interrupted, work_dir_of(flow_run.parameters), str(flow_run.id)
+                ),
                 description="the run's process died: what was kept and how to resume",
                 flow_run_id=flow_run.id,
             )

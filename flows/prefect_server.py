@@ -1,6 +1,8 @@
 """Prefect API servers as the `eaglet` command meets them: the temporary server of a run
 started without PREFECT_API_URL (its own process session, dying with eaglet even on kill -9),
-the URL of the active Prefect profile, and waiting for a server to answer."""
+the URL and credentials of the active Prefect profile, waiting for a server to answer, and a
+team's server that refuses a client without its credentials (basic authentication:
+PREFECT_SERVER_API_AUTH_STRING on the server, PREFECT_API_AUTH_STRING on each client)."""
 
 from __future__ import annotations
 
@@ -142,9 +144,9 @@ class TemporaryPrefectServer:
             process.wait()
 
 
-def profile_api_url() -> str | None:
-    """PREFECT_API_URL set in the active Prefect profile (`prefect config set`), read without
-    importing Prefect: a running server the run uses instead of a temporary one."""
+def profile_setting(name: str) -> str | None:
+    """A setting of the active Prefect profile (`prefect config set`), read without importing
+    Prefect."""
     import tomllib
 
     home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
@@ -153,9 +155,44 @@ def profile_api_url() -> str | None:
         profiles = tomllib.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    name = os.environ.get("PREFECT_PROFILE") or profiles.get("active", "ephemeral")
-    url = profiles.get("profiles", {}).get(name, {}).get("PREFECT_API_URL")
-    return str(url) if url else None
+    profile = os.environ.get("PREFECT_PROFILE") or profiles.get("active", "ephemeral")
+    value = profiles.get("profiles", {}).get(profile, {}).get(name)
+    return str(value) if value else None
+
+
+def profile_api_url() -> str | None:
+    """PREFECT_API_URL set in the active Prefect profile: a running server the run uses
+    instead of a temporary one."""
+    return profile_setting("PREFECT_API_URL")
+
+
+class CredentialsRefused(RuntimeError):
+    """The Prefect server at PREFECT_API_URL answered 401: it wants credentials this client
+    lacks (or has wrong). The message says which setting to give, never its value."""
+
+
+def check_credentials(api_url: str) -> None:
+    """Raise `CredentialsRefused` when the server at `api_url` refuses this client's
+    credentials (PREFECT_API_AUTH_STRING, from the environment or the profile); a server
+    without authentication, or one that does not answer, passes (the caller waits for it)."""
+    import httpx
+
+    auth = os.environ.get("PREFECT_API_AUTH_STRING") or profile_setting("PREFECT_API_AUTH_STRING")
+    basic = httpx.BasicAuth(*auth.split(":", 1)) if auth and ":" in auth else None
+    try:
+        status = httpx.get(f"{api_url.rstrip('/')}/admin/version", auth=basic, timeout=10)
+    except httpx.HTTPError:
+        return
+    if status.status_code != 401:
+        return
+    given = "the one PREFECT_API_AUTH_STRING gives" if auth else "none (PREFECT_API_AUTH_STRING"
+    given += " is refused" if auth else " is not set)"
+    raise CredentialsRefused(
+        f"the Prefect server at {api_url} requires credentials (basic authentication) and "
+        f"refused this client's: {given}. Set PREFECT_API_AUTH_STRING to the server's "
+        "PREFECT_SERVER_API_AUTH_STRING (user:password), in the environment or with "
+        "`prefect config set`"
+    )
 
 
 # `eaglet serve` right after `prefect server start --background`: the server needs seconds.

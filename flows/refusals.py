@@ -1,7 +1,9 @@
 """What a flow run shows when eaglet refuses it before any stage (a config that does not load,
 the preflight, a work dir another run holds or that cannot be written): one plain log line
-naming the problem, and the artifact `run-refused` that leads with it, says what to change in
-the form, then the detail. And eaglet's own deliberate failures (`PermanentError`: refusals,
+naming the problem, the artifact `run-refused` that leads with it and says where to change the
+setting it names (the form's field, the YAML file and key `config_path` names, or `--set`),
+then the detail, and a Failed state whose message is that problem (`refused_state`; the
+notification's first line). And eaglet's own deliberate failures (`PermanentError`: refusals,
 a failed canary or quality gate) log no traceback: their messages say what and where; a bug's
 traceback stays."""
 
@@ -13,22 +15,18 @@ from contextlib import contextmanager
 
 from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
+from prefect.states import Failed, State
 
 from eaglet.config import ConfigError
 from eaglet.errors import PermanentError
+from eaglet.failure_advice import RunOrigin, config_keys_named, field_for
 from eaglet.preflight import PreflightError
 from eaglet.work_dir_lock import WorkDirLocked, WorkDirUnwritable
 
 REFUSALS = (ConfigError, PreflightError, WorkDirLocked, WorkDirUnwritable)
 
-CHANGE_A_FIELD = (
-    "Change the setting it names in the form (in the full form, `train.device` is config → "
-    "Draft training → Device; the short form's fields carry their own names) and start a new "
-    "run: Retry sends the same parameters and is refused again."
-)
+REFUSED_AGAIN = "start a new run: Retry sends the same parameters and is refused again."
 WHAT_TO_DO = {
-    "ConfigError": CHANGE_A_FIELD,
-    "PreflightError": CHANGE_A_FIELD,
     "WorkDirLocked": (
         "Another run uses this work dir. Runs of one deployment queue by themselves "
         "(AwaitingConcurrencySlot); this one came from elsewhere (another deployment, or "
@@ -49,14 +47,38 @@ def problems_of(exc: BaseException) -> list[str]:
     return [line.strip() for line in str(exc).strip().splitlines() if line.strip()][:1]
 
 
-def refusal_markdown(exc: BaseException) -> str:
-    """The `run-refused` artifact: the problem in one line, what to change, the detail."""
+def where_to_change(exc: BaseException, origin: RunOrigin) -> str | None:
+    """Where the settings a config or preflight refusal names are set for a run of `origin`
+    (None when it names none)."""
+    keys = config_keys_named(" ".join(problems_of(exc)))
+    return ", ".join(field_for(key, origin) for key in keys) or None
+
+
+def what_to_do(exc: BaseException, origin: RunOrigin) -> str:
+    """The refusal's advice: where to change what it names, in the terms of `origin`."""
+    name = type(exc).__name__
+    if name in WHAT_TO_DO:
+        return WHAT_TO_DO[name]
+    where = where_to_change(exc, origin)
+    if where:
+        return f"Change {where}, then {REFUSED_AGAIN}"
+    if origin.config_file:
+        source = f"the file `config_path` names (`{origin.config_file}`)"
+    elif origin.started_from == "shell":
+        source = "the config file or `--set`"
+    else:
+        source = "the form"
+    return f"Change the setting it names in {source}, then {REFUSED_AGAIN}"
+
+
+def refusal_markdown(exc: BaseException, origin: RunOrigin) -> str:
+    """The `run-refused` artifact: the problem in one line, where to change it, the detail."""
     problems = problems_of(exc)
     more = f" (and {len(problems) - 1} more below)" if len(problems) > 1 else ""
     lines = [
         f"# Refused before any stage: {problems[0]}{more}",
         "",
-        f"**What to do:** {WHAT_TO_DO.get(type(exc).__name__, CHANGE_A_FIELD)}",
+        f"**What to do:** {what_to_do(exc, origin)}",
         "",
         "Nothing ran: no stage started and no stage folder changed.",
         "",
@@ -67,17 +89,27 @@ def refusal_markdown(exc: BaseException) -> str:
     return "\n".join(lines) + "\n"
 
 
+def refused_state(exc: BaseException, origin: RunOrigin) -> State:
+    """The flow run's Failed state for a refusal: its message leads with the problem (the run
+    page's state and the failure notification say it first), the error kept as its result."""
+    message = f"refused before any stage: {problems_of(exc)[0]}"
+    where = where_to_change(exc, origin)
+    if where:
+        message += f". Change {where}"
+    return Failed(message=message, data=exc)
+
+
 @contextmanager
-def refusals_reported() -> Iterator[None]:
+def refusals_reported(origin: RunOrigin) -> Iterator[None]:
     """A refusal raised inside: logged once as one plain line, published as `run-refused`,
-    raised on (the flow run fails with it)."""
+    raised on (the flow returns `refused_state` for it)."""
     try:
         yield
     except REFUSALS as exc:
         problems = problems_of(exc)
         get_run_logger().error("refused before any stage: %s", problems[0])
         create_markdown_artifact(
-            refusal_markdown(exc),
+            refusal_markdown(exc, origin),
             key="run-refused",
             description="eaglet refused this run before any stage: why, and what to change",
         )

@@ -11,11 +11,12 @@ from prefect.states import State
 from pydantic import Field
 
 from eaglet.config import load_config
+from eaglet.failure_advice import RunOrigin
 from eaglet.short_form import EngineChoice, ShortFormDataset, short_form_overrides
 from eaglet.stages import RefreshFrom, StageName
 from eaglet_prefect.flows.crashes import report_crash
-from eaglet_prefect.flows.pipeline import run_stages, start_run
-from eaglet_prefect.flows.refusals import refusals_reported
+from eaglet_prefect.flows.pipeline import publish_plan, run_stages, start_run
+from eaglet_prefect.flows.refusals import REFUSALS, refusals_reported, refused_state
 from eaglet_prefect.flows.run_names import run_label_of
 
 
@@ -41,6 +42,7 @@ def short_form(
     until: StageName = "evaluate",
     refresh_from: RefreshFrom = "",
     config_path: str = "",
+    plan_only: bool = False,
 ) -> State:
     """The pipeline with the settings most runs change; blank keeps the base config's.
 
@@ -65,14 +67,24 @@ def short_form(
         config_path: A YAML config file on the machine that runs the flow, the base the fields
             above change. Blank: the demo's defaults. Every setting is also in the form of
             the `pipeline` deployment.
+        plan_only: Run nothing: say per stage whether it is Cached or why it would run, in
+            the log and the `run-plan` artifact; the run ends Planned.
     """
     start_run()
     overrides = short_form_overrides(
         target_model, datasets, engine, endpoints, served_model, epochs, work_dir
     )
-    with refusals_reported():
-        config = load_config(config_path or None, overrides)
-    print("short form over " + (config_path or "the demo's defaults") + ": " + " ".join(overrides))
-    # the run's own WORK_DIR/config.yaml is its config file once the form changed the base
-    config_file = None if overrides else (config_path or None)
-    return run_stages(config, config_file, until, refresh_from or None, False, "short form")
+    set_keys = frozenset(override.split("=", 1)[0] for override in overrides)
+    origin = RunOrigin("short form", config_path or None, set_keys)
+    try:
+        with refusals_reported(origin):
+            config = load_config(config_path or None, overrides)
+        base = config_path or "the demo's defaults"
+        print(f"short form over {base}: {' '.join(overrides)}")
+        if plan_only:
+            return publish_plan(config, until, refresh_from or None)
+        # the run's own WORK_DIR/config.yaml is its config file once the form changed the base
+        config_file = None if overrides else (config_path or None)
+        return run_stages(config, config_file, until, refresh_from or None, False, origin)
+    except REFUSALS as exc:
+        return refused_state(exc, origin)

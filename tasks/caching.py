@@ -107,12 +107,12 @@ def partial_folder(stage: str, config: PipelineConfig, inputs: dict[str, Any]) -
 
 def failure_message(state: State) -> tuple[str, bool]:
     """`ErrorType: message` of a failed task run state (its exception when it has one), and
-    whether a retry with the same parameters can succeed (a passing fault)."""
+    whether a retry with the same parameters can succeed: the one fact (`is_transient`) that
+    also decides Prefect's automatic retries (`retry_only_transient`), so the advice, the
+    log and the state message never disagree."""
     error = state.result(raise_on_failure=False)
     if isinstance(error, BaseException):
-        # a server that was down (the canary says so) can be started: then Retry succeeds
-        can_succeed = is_transient(error) or getattr(error, "server_down", False)
-        return f"{type(error).__name__}: {error}", can_succeed
+        return f"{type(error).__name__}: {error}", is_transient(error)
     return state.message or state.name, False
 
 

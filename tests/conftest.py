@@ -284,3 +284,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return LONGEST_MODULES.index(name) if name in LONGEST_MODULES else len(LONGEST_MODULES)
 
     items.sort(key=rank)  # stable: each module's own order is kept
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """One private PostgreSQL cluster per test process (tests/postgres_helpers.py) for the
+    Prefect servers of a team's setup, each on a database of its own; the tests that need it
+    skip where PostgreSQL is not installed (`.ci/run` installs it)."""
+    from tests.postgres_helpers import Postgres, postgres_bin
+
+    if postgres_bin() is None:
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    cluster = Postgres()
+    cluster.start()
+    yield cluster
+    cluster.stop()

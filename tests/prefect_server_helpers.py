@@ -1,11 +1,13 @@
 """Helpers of the tests that run eaglet through a real Prefect server
 (tests/test_prefect_server.py, test_work_pool.py, test_serve_schedules.py): processes started
 in their own session with their output in a log and stopped with SIGINT then SIGKILL, polling
-until a condition holds, `prefect server start` once its API answers, an HTTP transport that
+until a condition holds, `prefect server start` once its API answers (a team's server: on a
+PostgreSQL database, behind basic authentication), an HTTP client that authenticates and
 retries a busy server, and a flow run's end and its tasks' states read back through the API."""
 
 from __future__ import annotations
 
+import secrets
 import signal
 import subprocess
 import sys
@@ -48,11 +50,26 @@ def wait_for(predicate, timeout: float, what: str):
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-def start_prefect_server(port: int, env: dict, log: Path) -> subprocess.Popen:
-    """`prefect server start` on `port`, once its API answers (stopped if it never does)."""
+def team_auth() -> str:
+    """A fresh `user:password` for a server's basic authentication (the server's
+    PREFECT_SERVER_API_AUTH_STRING, each client's PREFECT_API_AUTH_STRING)."""
+    return f"eaglet-team:{secrets.token_hex(12)}"
+
+
+def start_prefect_server(
+    port: int, env: dict, log: Path, database: str | None = None, auth: str | None = None
+) -> subprocess.Popen:
+    """`prefect server start` on `port`, once its API answers (stopped if it never does); on
+    the PostgreSQL `database` (a SQLAlchemy URL) and behind basic authentication with `auth`
+    when given: a team's server. Those two reach the server's environment only."""
     prefect = str(Path(sys.executable).with_name("prefect"))
+    server_env = dict(env)
+    if database is not None:
+        server_env["PREFECT_API_DATABASE_CONNECTION_URL"] = database
+    if auth is not None:
+        server_env["PREFECT_SERVER_API_AUTH_STRING"] = auth
     server = start_process(
-        [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, log
+        [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], server_env, log
     )
 
     def healthy():
@@ -81,6 +98,14 @@ class RetryingTransport(httpx.HTTPTransport):
             response.close()
             time.sleep(1 + attempt)
         raise AssertionError("unreachable")
+
+
+def api_client(api: str, auth: str | None = None) -> httpx.Client:
+    """An HTTP client of the Prefect API at `api`: basic authentication with `auth`
+    (`user:password`, as Prefect's own client sends PREFECT_API_AUTH_STRING), busy answers
+    retried."""
+    basic = httpx.BasicAuth(*auth.split(":", 1)) if auth else None
+    return httpx.Client(base_url=api, timeout=30, transport=RetryingTransport(), auth=basic)
 
 
 def finished_run(client: httpx.Client, run_id: str) -> tuple[dict, dict]:

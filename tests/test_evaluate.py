@@ -129,6 +129,30 @@ def test_progress_counts_every_pass_to_its_total_with_an_eta(trained, world):
     assert updates[5]["tau"] == pytest.approx(report["tau"])  # the k=3 pass's last prompt
 
 
+def test_the_untrained_drafts_pass_runs_once_per_shape_target_and_prompts(trained, world, tmp_path):
+    """Issue 47: every evaluate scored the untrained draft again, most of its time. With a
+    cache folder its pass runs once; a second evaluation of a draft of the same shape reads it
+    back (one pass fewer) and reports the same figures; other prompts score it again."""
+    args = (world / "run" / "draft", world / "target")
+    kwargs = dict(num_speculative_tokens=3, max_new_tokens=16, device="cpu")
+    prompts = random_prompts(2, seed=11)
+    cache = tmp_path / "untrained"
+    runs = []
+    for _ in range(2):
+        updates = []
+        report = evaluate_draft(
+            *args, prompts, **kwargs, untrained_cache=cache, progress=updates.append
+        )
+        runs.append((report, [u["pass"] for u in updates]))
+    (first, first_passes), (second, second_passes) = runs
+    assert "untrained draft" in first_passes and "untrained draft" not in second_passes
+    assert second["untrained"] == first["untrained"] and len(list(cache.iterdir())) == 1
+    uncached = evaluate_draft(*args, prompts, **kwargs)
+    assert uncached["untrained"]["tau"] == first["untrained"]["tau"]
+    evaluate_draft(*args, random_prompts(2, seed=12), **kwargs, untrained_cache=cache)
+    assert len(list(cache.iterdir())) == 2  # other prompts: another pass, kept beside
+
+
 def test_sampling_at_a_vanishing_temperature_is_greedy_and_at_one_accepts_less(trained, world):
     """Sampled at T -> 0 the target's draws are its argmax: the same rounds as greedy. At T = 1
     a draft trained on greedy answers is accepted less; the realised and the expected accepted

@@ -289,3 +289,18 @@ def test_capture_rate_never_exceeds_one_when_a_truncated_answer_closed_its_reaso
     report = gate_report(tmp_path, generations, prompt, reasoning_format, tokenizer, end_ids)
     assert report["reasoning_capture_rate"] == 1.0
     assert all(f["reasoning_capture_rate"] <= 1.0 for f in report["per_source"].values())
+
+
+def test_the_per_source_quality_table_has_a_column_per_source_not_per_figure():
+    """Issue 47: the `data-quality-per-source` table (a column per figure, some twenty) was
+    wider than its pane; a row per figure and a column per source fits it."""
+    from eaglet.stage_bodies.extract import per_source_rows
+
+    rows = per_source_rows({
+        "arith": {"records": 16, "reasoning_capture_rate": 0.93751, "sequence_tokens": [3, 4]},
+        "tools": {"records": 8, "reasoning_capture_rate": 1.0, "sequence_tokens": [5]},
+    })  # fmt: skip
+    assert rows == [
+        {"figure": "records", "arith": 16, "tools": 8},
+        {"figure": "reasoning_capture_rate", "arith": 0.938, "tools": 1.0},
+    ]

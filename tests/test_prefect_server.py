@@ -1,8 +1,10 @@
-"""Operating eaglet through a real Prefect server: a served deployment, runs triggered through
-the API with custom parameters, task states read back (Completed, then Cached), a fix to the
-extraction code that re-runs extraction and what follows but not generation, the run report
-artifact, and a failing run whose failed task, message and resume note are visible through
-the API.
+"""Operating eaglet through a real Prefect server as a team runs one: on PostgreSQL, behind
+basic authentication (`PREFECT_SERVER_API_AUTH_STRING`; every client here sends
+`PREFECT_API_AUTH_STRING`, the browser logs in), started without `PREFECT_UI_URL`. A served
+deployment, runs triggered through the API with custom parameters, task states read back
+(Completed, then Cached), a fix to the extraction code that re-runs extraction and what
+follows but not generation, the run report artifact, a failing run whose failed task, message
+and resume note are visible through the API, and the journey of a UI user in Chromium.
 
 The deployments are served from a temporary copy of the project, so a test can change the
 code the served runs hash and import without touching this checkout."""
@@ -25,9 +27,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_cli
 from tests.pipeline_helpers import copy_project as _copy_project
-from tests.prefect_server_helpers import STAGES, RetryingTransport
+from tests.prefect_server_helpers import STAGES, api_client, team_auth
 from tests.prefect_server_helpers import api_run_config as _config
 from tests.prefect_server_helpers import finished_run as _finished
 from tests.prefect_server_helpers import start_prefect_server as _start_prefect_server
@@ -69,10 +71,9 @@ class WebhookReceiver:
 
         return _wait_for(arrived, timeout, f"a notification about flow run {run_id}")
 
-    def save_block(self, api: str, name: str) -> str:
+    def save_block(self, api: str, auth: str, name: str) -> str:
         """Save a custom-webhook notification block pointing here; its `<type>/<name>`."""
         from prefect.blocks.notifications import CustomWebhookNotificationBlock
-        from prefect.settings import PREFECT_API_URL, temporary_settings
 
         block = CustomWebhookNotificationBlock(
             name=name,
@@ -80,9 +81,16 @@ class WebhookReceiver:
             json_data={"subject": "{{subject}}", "body": "{{body}}"},
             allow_private_urls=True,  # the receiver is on 127.0.0.1
         )
-        with temporary_settings({PREFECT_API_URL: api}):
+        with _as_client(api, auth):
             block.save(name, overwrite=True)
         return f"custom-webhook/{name}"
+
+
+def _as_client(api: str, auth: str):
+    """Prefect's settings of a client of the team's server (its URL and credentials)."""
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+
+    return temporary_settings({PREFECT_API_URL: api, PREFECT_API_AUTH_STRING: auth})
 
 
 SERVED = {"pipeline", "pipeline-short-form", "generate-only"}  # what `eaglet serve` serves
@@ -97,6 +105,7 @@ class Served:
     env: dict  # the environment `eaglet serve` runs in
     webhook: WebhookReceiver  # where the notifications of `eaglet serve --notify` arrive
     notify: str  # the notification block `eaglet serve --notify` names
+    auth: str  # the server's `user:password` (PREFECT_API_AUTH_STRING of its clients)
     runner: subprocess.Popen | None = None  # `eaglet serve`
 
     def start_serve(self, log: str = "serve.log") -> None:
@@ -122,29 +131,33 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """A Prefect server on a free port and `eaglet serve` registered against it, run from a
-    temporary copy of the project (first on PYTHONPATH, and the working directory)."""
+def served(tmp_path_factory, postgres):
+    """A team's Prefect server on a free port (its database on PostgreSQL, basic
+    authentication on, no PREFECT_UI_URL) and `eaglet serve` registered against it with the
+    credentials, run from a temporary copy of the project (first on PYTHONPATH, and the
+    working directory)."""
     home = tmp_path_factory.mktemp("prefect-home")
     project = _copy_project(tmp_path_factory.mktemp("project"))
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
-    env = {
-        **os.environ,
+    auth = team_auth()
+    env = {  # a client's environment (the server's adds its database and auth string)
+        **{k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")},
         "PREFECT_HOME": str(home),
         "PREFECT_API_URL": api,
+        "PREFECT_API_AUTH_STRING": auth,
         "PREFECT_SERVER_API_PORT": str(port),
         "PREFECT_SERVER_UI_API_URL": api,
-        "PREFECT_UI_URL": api.removesuffix("/api"),  # the notifications link the run's page
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_RUNNER_POLL_FREQUENCY": "1",
         "PREFECT_API_LOG_RETRYABLE_ERRORS": "true",  # a 503's cause in server.log
     }
-    server = _start_prefect_server(port, env, home / "server.log")
-    client = httpx.Client(base_url=api, timeout=30, transport=RetryingTransport())
+    database = postgres.database("served")
+    server = _start_prefect_server(port, env, home / "server.log", database, auth)
+    client = api_client(api, auth)
     webhook = WebhookReceiver()
-    notify = webhook.save_block(api, "eaglet-tests")
-    served = Served(client, {}, api, project, env, webhook, notify)
+    notify = webhook.save_block(api, auth, "eaglet-tests")
+    served = Served(client, {}, api, project, env, webhook, notify, auth)
     try:
         served.start_serve()
         yield served
@@ -171,6 +184,54 @@ def _artifact(client: httpx.Client, run_id: str, key: str, field: str = "data") 
     ).json()
     assert len(found) == 1, f"{len(found)} artifacts {key!r} in flow run {run_id}"
     return found[0][field]
+
+
+def test_a_team_server_refuses_clients_without_its_credentials_and_runs_eaglet_run(
+    served, postgres, tmp_path, fixture_model_dir, sample_data_dir
+):
+    """Issue 47: the server runs on PostgreSQL behind basic authentication. A client without
+    the credentials, or with wrong ones, is refused (401) by the API, and `eaglet run` and
+    `eaglet serve` say so in one line and exit 2 before doing anything; with them, `eaglet
+    run` runs against the server. The password reaches no log, artifact or work-dir file."""
+    import yaml
+
+    api, password = served.api, served.auth.split(":", 1)[1]
+    assert httpx.get(f"{api}/health").status_code == 200  # probes stay open
+    for auth in (None, ("eaglet-team", "wrong")):
+        refused = httpx.post(f"{api}/flow_runs/filter", json={}, auth=auth)
+        assert refused.status_code == 401, (auth, refused.status_code)
+
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(_config(tmp_path, fixture_model_dir, sample_data_dir,
+                                             "name=cli")))  # fmt: skip
+    for env in ({"PREFECT_API_AUTH_STRING": None}, {"PREFECT_API_AUTH_STRING": "eaglet-team:no"}):
+        env = {**env, "PREFECT_API_URL": api}
+        for args in (["run", str(config), "--until", "tokenize"], ["serve"]):
+            done = run_cli(args, cwd=tmp_path, env=env, timeout=300)
+            assert done.returncode == 2, (args, done.stdout[-2000:], done.stderr[-2000:])
+            assert "requires credentials (basic authentication)" in done.stderr, done.stderr
+            assert "Set PREFECT_API_AUTH_STRING" in done.stderr and password not in done.stderr
+    work = tmp_path / "work"  # nothing ran: at most the work dir's lock file was made
+    assert not work.exists() or [p.name for p in work.iterdir()] == [".eaglet.lock"]
+
+    env = {"PREFECT_API_URL": api, "PREFECT_API_AUTH_STRING": served.auth}
+    done = run_cli(["run", str(config), "--until", "tokenize"], cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run,) = served.client.post(
+        "/flow_runs/filter",
+        json={"flow_runs": {"name": {"any_": ["pipeline[cli] until tokenize"]}}},
+    ).json()
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    # the server keeps it in PostgreSQL (the database the `served` fixture made)
+    assert postgres.query(
+        "served", f"select state_type from flow_run where id = '{run['id']}'"
+    ) == ("COMPLETED")
+    logs = served.client.post("/logs/filter", json={"limit": 200}).json()
+    assert logs and not [entry for entry in logs if password in entry["message"]]
+    found = served.client.post("/artifacts/filter", json={}).json()
+    assert found and not [a for a in found if password in json.dumps(a)]
+    written = [p for p in (tmp_path / "work").rglob("*") if p.is_file()]
+    assert written and not [p for p in written if password.encode() in p.read_bytes()]
 
 
 def test_api_runs_complete_then_come_back_cached(
@@ -266,16 +327,17 @@ def test_a_preflight_refusal_leads_with_the_problem_and_logs_no_traceback(
     shown = "\n".join(m[:150] for m in messages)
     assert newest_eaglet.startswith("refused before any stage: train.device=cuda"), shown
     notice = served.webhook.notice_of(run["id"])  # the failure notification
-    assert notice["subject"] == "eaglet run pipeline[refused]: Failed", notice
-    assert "train.device=cuda" in notice["body"], notice
+    assert notice["subject"] == "eaglet pipeline[refused] eagle3: Failed", notice
+    assert notice["body"].startswith("refused before any stage: train.device=cuda"), notice
+    # the full form's field, as the state message says it too
+    assert "Change `train.device` (config → Draft training → Device)" in notice["body"], notice
+    assert run["state"]["message"] == notice["body"].splitlines()[0]
 
     # A later attempt that completes marks this failure superseded (here called directly: a
     # Retry of this run would be refused again).
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
     from eaglet_prefect.flows.superseded import mark_failures_superseded
 
-    with temporary_settings({PREFECT_API_URL: served.api}):
+    with _as_client(served.api, served.auth):
         assert mark_failures_superseded(run["id"]) == 1
         assert mark_failures_superseded(run["id"]) == 0  # once
     stale = _artifact(client, run["id"], "run-refused")
@@ -297,68 +359,6 @@ def _flow_run_process(run_id: str) -> int | None:
     return None
 
 
-def test_a_run_killed_during_train_leaves_no_task_running_and_says_how_to_resume(
-    served, tmp_path, fixture_model_dir, sample_data_dir
-):
-    """Issue 38: after a SIGKILL of the flow process during train, the flow run was Crashed
-    but its train task run stayed Running for good, and the crash got no eaglet artifact.
-    Now the crash hook marks it Crashed and publishes `run-crashed`: what was kept, and that
-    Retry resumes train from its checkpoint."""
-    client = served.client
-    parameters = {
-        "config": _config(tmp_path, fixture_model_dir, sample_data_dir, "name=killed",
-                          "train.epochs=200"),  # long enough to be killed inside train
-    }  # fmt: skip
-    response = client.post(
-        f"/deployments/{served.deployments['pipeline']}/create_flow_run",
-        json={"parameters": parameters},
-    )
-    response.raise_for_status()
-    run_id = response.json()["id"]
-
-    def training():
-        found = client.post(
-            "/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}}
-        ).json()
-        return any(t["name"] == "train[killed]" and t["state"]["type"] == "RUNNING" for t in found)
-
-    _wait_for(training, 600, "the train task running")
-    os.kill(_wait_for(lambda: _flow_run_process(run_id), 30, "the run's process"), signal.SIGKILL)
-    run, _ = _finished(client, run_id)
-    assert run["state"]["type"] == "CRASHED", run["state"]
-
-    def crashed_artifact():
-        found = client.post(
-            "/artifacts/filter",
-            json={"artifacts": {"key": {"any_": ["run-crashed"]},
-                                "flow_run_id": {"any_": [run_id]}}},
-        ).json()  # fmt: skip
-        return found[0]["data"] if found else None
-
-    report = _wait_for(crashed_artifact, 60, "the run-crashed artifact")
-    assert report.startswith("# Crashed during train:"), report
-    assert "Retry this run" in report and "resumes training from the last checkpoint" in report
-    assert "| hidden_states | Completed |" in report, report
-    _, tasks = _finished(client, run_id)
-    assert tasks["train[killed]"]["state"]["type"] == "CRASHED", tasks["train[killed]"]["state"]
-    assert not [t for t in tasks.values() if t["state"]["type"] in ("RUNNING", "PENDING")]
-    notice = served.webhook.notice_of(run_id)
-    assert notice["subject"] == "eaglet run pipeline[killed]: Crashed", notice
-    if CHROMIUM.exists():  # what the run page shows: Crashed, and no task still Running
-        from playwright.sync_api import sync_playwright
-
-        base = served.api.removesuffix("/api")
-        with sync_playwright() as playwright:
-            context, page = _browser(playwright, tmp_path, base)
-            page.goto(f"{base}/runs/flow-run/{run_id}")
-            page.locator(".state-badge", has_text="Crashed").first.wait_for()
-            page.wait_for_load_state("networkidle")
-            assert page.locator(".state-badge", has_text="Running").count() == 0
-            (ROOT / "tests" / "artifacts").mkdir(exist_ok=True)
-            page.screenshot(path=str(ROOT / "tests" / "artifacts" / "journey-killed.png"))
-            context.close()
-
-
 def test_a_code_fix_to_extraction_reruns_extraction_and_later_stages_not_generation(
     served, tmp_path, fixture_model_dir, sample_data_dir
 ):
@@ -370,7 +370,7 @@ def test_a_code_fix_to_extraction_reruns_extraction_and_later_stages_not_generat
     parameters = {"config": config}
     run, tasks = _run(served.client, served.deployments["pipeline"], parameters)
     assert run["state"]["type"] == "COMPLETED", run["state"]
-    assert run["name"] == "pipeline[fix]"
+    assert run["name"] == "pipeline[fix] eagle3"
     assert run["parameters"]["config"]["train"]["lr"] == 0.002
     assert set(tasks) == {f"{stage}[fix]" for stage in STAGES}
     assert _states(tasks, "fix") == dict.fromkeys(STAGES, "Completed")
@@ -381,10 +381,15 @@ def test_a_code_fix_to_extraction_reruns_extraction_and_later_stages_not_generat
     assert "Run completed" in report and "τ " in report
     # the notification `eaglet serve --notify` set up: the run completed, with its τ, and a link
     notice = served.webhook.notice_of(run["id"])
-    assert notice["subject"] == "eaglet run pipeline[fix]: Completed", notice
-    assert re.search(r"completed: τ \d\.\d{3} \(untrained draft \d\.\d{3}\)", notice["body"])
-    assert f"/runs/flow-run/{run['id']}" in notice["body"], notice
-    assert run["state"]["message"].startswith("τ "), run["state"]  # the run page says it too
+    assert notice["subject"] == "eaglet pipeline[fix] eagle3: Completed", notice
+    figure = r"^eagle3 draft τ \d\.\d{3} \(untrained draft \d\.\d{3}\); 0 of 7 stages Cached\n"
+    assert re.match(figure, notice["body"]), notice
+    # the server has no PREFECT_UI_URL: the link is the UI of the API `eaglet serve` used
+    assert f"{served.api.removesuffix('/api')}/runs/flow-run/{run['id']}" in notice["body"]
+    assert notice["body"].startswith(run["state"]["message"])  # the run page says it too
+
+    before = run["flow_version"]
+    assert before.startswith("code "), before  # the copy is no git clone: the code hash alone
 
     reasoning = served.project / "eaglet" / "reasoning.py"
     original = reasoning.read_bytes()
@@ -394,6 +399,10 @@ def test_a_code_fix_to_extraction_reruns_extraction_and_later_stages_not_generat
     finally:
         reasoning.write_bytes(original)
     assert run["state"]["type"] == "COMPLETED", run["state"]
+    # the run, and its deployment, say which code ran: the edited one (serve registered the old)
+    assert run["flow_version"].startswith("code ") and run["flow_version"] != before
+    deployment = served.client.get(f"/deployments/{served.deployments['pipeline']}").json()
+    assert deployment["version"] == run["flow_version"], (deployment["version"], run)
     reused = ("download", "tokenize", "generate", "hidden_states")
     rerun = ("extract", "train", "evaluate")
     states = dict.fromkeys(reused, "Cached") | dict.fromkeys(rerun, "Completed")
@@ -531,9 +540,10 @@ def _submit_run_form(page) -> dict:
     return answer.value.json()
 
 
-def _browser(playwright, tmp_path: Path, base: str):
+def _browser(playwright, tmp_path: Path, base: str, auth: str):
     """Headless Chromium (context, page) that reaches only the local server (the UI would
-    otherwise call an analytics host) and data: URLs (the plots)."""
+    otherwise call an analytics host) and data: URLs (the plots), logged in to the team's
+    server as a person does: its login page, the `user:password` typed, *Login*."""
     context = playwright.chromium.launch_persistent_context(
         str(tmp_path / "chromium-profile"),
         executable_path=str(CHROMIUM),
@@ -547,6 +557,11 @@ def _browser(playwright, tmp_path: Path, base: str):
     # for its Python handler, which the sync API runs only inside a Playwright call, so a
     # request to the server routed here hung while the test polled the API between calls.
     page.route(re.compile(rf"^(?!{re.escape(base)}|data:)"), lambda route: route.abort())
+    page.goto(f"{base}/deployments")
+    page.wait_for_url(re.compile(r"/login"))  # an authenticated server: the UI asks first
+    page.get_by_placeholder("admin:pass").fill(auth)
+    page.get_by_role("button", name="Login").click()
+    page.wait_for_url(f"{base}/deployments")  # kept in the page's storage from here on
     return context, page
 
 
@@ -616,7 +631,7 @@ def test_run_with_changed_nested_config_fields_from_the_ui_form(
     artifacts.mkdir(exist_ok=True)
 
     with sync_playwright() as playwright:
-        context, page = _browser(playwright, tmp_path, base)
+        context, page = _browser(playwright, tmp_path, base, served.auth)
         _open_custom_run(page, base, "generate-only")
 
         assert _none_choices(page).count() == 0  # optional fields are plain inputs, blank = None
@@ -689,11 +704,11 @@ def test_the_short_form_runs_the_pipeline_from_a_few_fields(
     artifacts.mkdir(exist_ok=True)
     labels = [  # Prefect titles a flow's parameters by their names
         "target_model", "datasets", "engine", "endpoints", "served_model", "epochs",
-        "work_dir", "until", "refresh_from", "config_path",
+        "work_dir", "until", "refresh_from", "config_path", "plan_only",
     ]  # fmt: skip
 
     with sync_playwright() as playwright:
-        context, page = _browser(playwright, tmp_path, base_url)
+        context, page = _browser(playwright, tmp_path, base_url, served.auth)
         _open_custom_run(page, base_url, "pipeline-short-form")
         shown = page.locator("span.schema-form-property__label").all_inner_texts()
         assert [label.split("(")[0].strip() for label in shown] == labels, shown
@@ -710,7 +725,7 @@ def test_the_short_form_runs_the_pipeline_from_a_few_fields(
     assert run["deployment_id"] == deployment_id
     run, tasks = _finished(client, run["id"])
     assert run["state"]["type"] == "COMPLETED", run["state"]
-    assert run["name"] == "pipeline[short]"
+    assert run["name"] == "pipeline[short] eagle3"  # the draft method of a run that trains
     assert run["parameters"]["epochs"] == 2 and run["parameters"]["work_dir"] == str(work_dir)
     assert _states(tasks, "short") == dict.fromkeys(STAGES, "Completed")
     used = yaml.safe_load((work_dir / "config.yaml").read_text())
@@ -762,7 +777,7 @@ def test_a_whole_run_shows_its_plots_and_every_artifact_is_keyed_described_and_c
     artifacts = ROOT / "tests" / "artifacts"
     artifacts.mkdir(exist_ok=True)
     with sync_playwright() as playwright:
-        context, page = _browser(playwright, tmp_path, base)
+        context, page = _browser(playwright, tmp_path, base, served.auth)
         for key in plots:
             page.goto(f"{base}/artifacts/artifact/{by_key[key]['id']}")
             image = page.locator("img[src^='data:image/png']").first
@@ -803,32 +818,92 @@ def _add_nightly_schedule(page, deployment_url: str) -> str:
     return said.inner_text().strip()
 
 
+def _on_first_screen(page, text: str) -> bool:
+    """Whether the first occurrence of `text` on the page is inside its first screen (seen
+    without scrolling), the text itself, not the block around it."""
+    return page.evaluate(
+        """text => {
+            const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+            while (walker.nextNode()) {
+                const node = walker.currentNode, at = node.data.indexOf(text);
+                if (at < 0) continue;
+                const range = document.createRange();
+                range.setStart(node, at);
+                range.setEnd(node, at + text.length);
+                const box = range.getBoundingClientRect();
+                return box.top >= 0 && box.bottom <= window.innerHeight;
+            }
+            return false;
+        }""",
+        text,
+    )
+
+
+def _logs(client: httpx.Client, run_id: str) -> list[str]:
+    """The messages of a flow run's logs and its tasks', oldest first."""
+    found = client.post(
+        "/logs/filter",
+        json={"logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "limit": 200},
+    ).json()
+    return [entry["message"] for entry in found]
+
+
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed")
 def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_data_dir):
-    """What a user of the Prefect UI does, in headless Chromium, in order: triggers a run from
-    the short form and sees its first progress lines on the run page, sees it complete, runs
-    it again and sees every task Cached, inspects a failed run (red badge, the failure's
-    advice in UI terms), starts two runs at once and sees the second wait
-    (AwaitingConcurrencySlot) then complete, sees a refused run's page and artifact lead with
-    the problem and no traceback (and its notification arrive), and adds a nightly schedule
-    with the deployment page's *Schedule* button that is still there after `eaglet serve`
-    restarts. The seconds from *Submit* to the first sign of life and to the first progress
-    line are printed; screenshots go to tests/artifacts/journey-*.png."""
+    """What a user of the Prefect UI does on a team's server (PostgreSQL, logged in), in
+    headless Chromium, in order: triggers a run from the short form and sees its first
+    progress lines on the run page, sees it complete and follows its notification's link back
+    to it, runs it again and sees it end Cached, inspects a failed run whose artifact, log,
+    state and notification agree that Retry would fail the same way, starts two runs at once
+    and sees the second wait (AwaitingConcurrencySlot) then complete, sees refused runs'
+    pages lead with the problem (no traceback) and their artifacts say where the setting came
+    from (the form's field; the YAML file and key `config_path` names), plans a DFlash
+    training with the short form's plan switch (Planned), runs it (its report says the
+    method changed, not the code), reads a run list where the plan, the Cached rerun and the
+    DFlash training differ, kills a run in train (SIGKILL) and reads a crash artifact naming
+    train and the five finished stages, and adds a nightly schedule with the deployment
+    page's *Schedule* button that is still there after `eaglet serve` restarts. The seconds
+    from *Submit* to the first sign of life and to the first progress line, and each step's
+    seconds, are printed; screenshots go to tests/artifacts/journey-*.png."""
     import yaml
     from playwright.sync_api import sync_playwright
 
-    base_file = tmp_path / "base.yaml"
-    base_file.write_text(
-        yaml.safe_dump(_config(tmp_path, fixture_model_dir, sample_data_dir, "name=journey"))
+    journey = _config(tmp_path, fixture_model_dir, sample_data_dir, "name=journey")
+    base_file, dflash_file, cuda_file = (tmp_path / f"{n}.yaml" for n in ("base", "dflash", "cuda"))
+    base_file.write_text(yaml.safe_dump(journey))
+    dflash_file.write_text(
+        yaml.safe_dump({**journey, "train": {**journey["train"], "method": "dflash"}})
     )
+    cuda_file.write_text(yaml.safe_dump({**journey, "train": {**journey["train"],
+                                                              "device": "cuda"}}))  # fmt: skip
     fields = {"config_path": base_file, "work_dir": tmp_path / "journey-work", "epochs": 1}
     client, base = served.client, served.api.removesuffix("/api")
     artifacts = ROOT / "tests" / "artifacts"
     artifacts.mkdir(exist_ok=True)
+    started = step_started = time.monotonic()
+
+    def step(name: str) -> None:
+        nonlocal step_started
+        now = time.monotonic()
+        print(f"journey: {name} took {now - step_started:.1f} s ({now - started:.1f} s in all)")
+        step_started = now
+
+    def open_artifact(run_id: str, key: str) -> None:
+        page.goto(f"{base}/artifacts/artifact/{_artifact(client, run_id, key, field='id')}")
+
+    def short_form_run(parameters: dict) -> str:
+        response = client.post(
+            f"/deployments/{served.deployments['pipeline-short-form']}/create_flow_run",
+            json={"parameters": {k: str(v) if isinstance(v, Path) else v
+                                 for k, v in parameters.items()}},
+        )  # fmt: skip
+        response.raise_for_status()
+        return response.json()["id"]
 
     with sync_playwright() as playwright:
-        context, page = _browser(playwright, tmp_path, base)
+        context, page = _browser(playwright, tmp_path, base, served.auth)
+        step("Chromium and the login")
         # 1. trigger from the short form; the run page shows progress lines as they come
         _open_custom_run(page, base, "pipeline-short-form")
         _fill_short_form(page, fields)
@@ -852,11 +927,25 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
         page.screenshot(path=str(artifacts / "journey-progress.png"), full_page=False)
         run, tasks = _finished(client, run["id"])
         assert run["state"]["type"] == "COMPLETED", run["state"]
+        assert run["name"] == "pipeline[journey] eagle3", run["name"]
+        assert run["state"]["message"].startswith("eagle3 draft τ "), run["state"]
         page.reload()
         page.locator(".state-badge", has_text="Completed").first.wait_for()
         page.screenshot(path=str(artifacts / "journey-completed.png"), full_page=False)
+        step("the first run")
 
-        # 2. the same run again: every task Cached, as its page says
+        # 1b. its notification names config, method and outcome, and its link opens the run
+        notice = served.webhook.notice_of(run["id"])
+        assert notice["subject"] == "eaglet pipeline[journey] eagle3: Completed", notice
+        assert notice["body"].startswith(run["state"]["message"]), notice
+        (link,) = re.findall(r"https?://\S+", notice["body"])
+        assert link == f"{base}/runs/flow-run/{run['id']}", notice  # no PREFECT_UI_URL set
+        page.goto(link)
+        page.get_by_text(run["name"]).first.wait_for()
+        page.locator(".state-badge", has_text="Completed").first.wait_for()
+        page.screenshot(path=str(artifacts / "journey-notification-link.png"), full_page=False)
+
+        # 2. the same run again: every task Cached, and the run itself ends Cached
         _open_custom_run(page, base, "pipeline-short-form")
         _fill_short_form(page, fields)
         page.screenshot(path=str(artifacts / "journey-again-form.png"), full_page=True)
@@ -864,41 +953,60 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
         page.get_by_text("scheduled to start").last.wait_for()
         again, again_tasks = _finished(client, again["id"])
         assert _states(again_tasks, "journey") == dict.fromkeys(STAGES, "Cached")
+        assert (again["state"]["type"], again["state"]["name"]) == ("COMPLETED", "Cached")
+        assert again["state"]["message"].endswith("; 7 of 7 stages Cached"), again["state"]
         page.goto(f"{base}/runs/flow-run/{again['id']}")
         page.get_by_text("Finished in state Cached").first.wait_for()
-        page.locator(".state-badge", has_text="Completed").first.wait_for()
+        page.locator(".state-badge", has_text="Cached").first.wait_for()
         page.screenshot(path=str(artifacts / "journey-cached.png"), full_page=False)
+        step("the Cached rerun")
 
-        # 3. a failed run (its server is down), inspected on its page
-        dead = {
-            "config_path": str(base_file), "work_dir": str(tmp_path / "dead-work"),
-            "engine": "vllm", "endpoints": ["http://127.0.0.1:9"],
-        }  # fmt: skip
-        response = client.post(
-            f"/deployments/{served.deployments['pipeline-short-form']}/create_flow_run",
-            json={"parameters": dead},
-        )
-        failed, _ = _finished(client, response.json()["id"])
+        # 3. a failed run (nothing listens at its endpoint): its artifact, its log, its state
+        # and its notification agree that Retry would fail the same way, and say what to change
+        dead = {"config_path": base_file, "work_dir": tmp_path / "dead-work",
+                "engine": "vllm", "endpoints": ["http://127.0.0.1:9"]}  # fmt: skip
+        failed, _ = _finished(client, short_form_run(dead))
         assert failed["state"]["type"] == "FAILED"
+        fails_again = "Retry would send the same parameters and fail the same way"
+        headline = failed["state"]["message"]
+        assert headline.startswith("generate failed: CanaryError: preflight canary failed:"), (
+            headline
+        )
+        assert "is not reachable" in headline and fails_again in headline, headline
+        assert "`endpoints` (a field of this form)" in headline, headline
+        note = _artifact(client, failed["id"], "generate-failure")
+        assert fails_again in note and "Retry can succeed" not in note, note
+        assert "**Change** `endpoints` (a field of this form)" in note, note
+        not_retried = "generate failed for a reason a retry cannot mend (CanaryError): not retrying"
+
+        def logged() -> str | None:  # the task's last logs reach the server after its state
+            logs = "\n".join(_logs(client, failed["id"]))
+            return logs if not_retried in logs and fails_again in logs else None
+
+        logs = _wait_for(logged, 60, "the failure's log lines")
+        assert "Retry can succeed" not in logs
+        notice = served.webhook.notice_of(failed["id"])
+        assert notice["subject"] == "eaglet pipeline[journey] eagle3: Failed", notice
+        assert notice["body"].startswith(headline), notice  # eaglet's line, not Prefect's
+        assert "Flow run encountered an exception" not in notice["body"], notice
         page.goto(f"{base}/runs/flow-run/{failed['id']}")
         page.locator(".state-badge", has_text="Failed").first.wait_for()
         page.get_by_text("is not reachable").first.wait_for()
-        # the failure's advice in the log, in UI terms (its markdown shows as written)
-        page.get_by_text(re.compile(r"Retry\W* button on this flow run's page")).first.wait_for()
+        page.get_by_text(fails_again).first.wait_for()  # the advice in the log, in UI terms
         page.screenshot(path=str(artifacts / "journey-failed.png"), full_page=False)
+        open_artifact(failed["id"], "generate-failure")
+        key_line = page.get_by_text(
+            re.compile(r"^Error: CanaryError: preflight canary failed: .*not reachable")
+        )
+        key_line.first.wait_for()
+        # as text that wraps, not a clipped code line
+        assert _on_first_screen(page, "is not reachable")
+        page.screenshot(path=str(artifacts / "journey-failed-artifact.png"), full_page=False)
+        step("the failed run")
 
         # 3b. two runs at once (a double click): the second waits its turn, then completes
-        def short_form_run(parameters: dict) -> str:
-            response = client.post(
-                f"/deployments/{served.deployments['pipeline-short-form']}/create_flow_run",
-                json={"parameters": parameters},
-            )
-            response.raise_for_status()
-            return response.json()["id"]
-
         # a fresh work dir, so the first run takes a while (it generates) and the second waits
-        twice = {**{k: str(v) for k, v in fields.items()}, "epochs": 1, "until": "generate",
-                 "work_dir": str(tmp_path / "twice-work")}  # fmt: skip
+        twice = {**fields, "epochs": 1, "until": "generate", "work_dir": tmp_path / "twice-work"}
         first_id, second_id = short_form_run(twice), short_form_run(twice)
 
         def waiting() -> str | None:  # the runner may pick either up first
@@ -912,32 +1020,140 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
         page.goto(f"{base}/runs/flow-run/{waiting_id}")
         queued_badge = re.compile(r"Awaiting\s*Concurrency\s*Slot", re.IGNORECASE)
         page.locator(".state-badge", has_text=queued_badge).first.wait_for()
+        # what it waits for, in its log (a state Prefect gives no message)
+        holder = first_id if waiting_id == second_id else second_id
+        page.get_by_text(re.compile(rf"waits for .*\(flow run {holder}\)")).first.wait_for()
         page.screenshot(path=str(artifacts / "journey-queued.png"), full_page=False)
         for run_id in (first_id, second_id):
             queued, _ = _finished(client, run_id)
             assert queued["state"]["type"] == "COMPLETED", queued["state"]
-        page.reload()
-        page.locator(".state-badge", has_text="Completed").first.wait_for()
+        page.reload()  # it ran after the other, on the same config: every stage reused
+        page.locator(".state-badge", has_text="Cached").first.wait_for()
+        step("two runs at once")
 
-        # 3c. a refusal before any stage: its page leads with the problem, no traceback
-        refused_id = short_form_run({**twice, "target_model": str(tmp_path / "no-such-model")})
+        # 3c. a refusal before any stage: its page's first screen shows the problem, no
+        # traceback; its artifact names the short form's own field
+        refused_id = short_form_run({**twice, "target_model": tmp_path / "no-such-model"})
         refused, _ = _finished(client, refused_id)
         assert refused["state"]["type"] == "FAILED", refused["state"]
+        assert refused["state"]["message"].startswith("refused before any stage: "), refused
         page.goto(f"{base}/runs/flow-run/{refused_id}")
         page.get_by_text("refused before any stage").first.wait_for()
         page.wait_for_load_state("networkidle")
         assert page.get_by_text("Traceback").count() == 0
         page.screenshot(path=str(artifacts / "journey-refused.png"), full_page=False)
+        assert _on_first_screen(page, "problem: target.model: folder")  # not below the ok lines
         report = _artifact(client, refused_id, "run-refused", field="id")
         page.goto(f"{base}/artifacts/artifact/{report}")
         page.get_by_text(re.compile(r"Refused before any stage: .*no-such-model")).first.wait_for()
-        page.get_by_text("Change the setting it names in the form").first.wait_for()
+        page.get_by_text(
+            re.compile(r"Change target_model \(a field of this form\)")
+        ).first.wait_for()
         page.screenshot(path=str(artifacts / "journey-refused-artifact.png"), full_page=False)
         notice = served.webhook.notice_of(refused_id)
-        assert notice["subject"] == "eaglet run pipeline[journey] until generate: Failed", notice
+        assert notice["subject"] == "eaglet pipeline[journey] until generate: Failed", notice
+        assert notice["body"].startswith(refused["state"]["message"]), notice
         assert "no-such-model" in notice["body"], notice
 
-        # 4. a nightly schedule added on the deployment's page
+        # 3d. a refusal of a setting in the YAML file `config_path` names: the file and key
+        cuda_id = short_form_run({**fields, "config_path": cuda_file})
+        cuda, _ = _finished(client, cuda_id)
+        assert cuda["state"]["type"] == "FAILED", cuda["state"]
+        refused_md = _artifact(client, cuda_id, "run-refused")
+        where = f"`train.device` in `{cuda_file}` (the base config `config_path` names"
+        assert f"**What to do:** Change {where}" in refused_md, refused_md
+        assert where in cuda["state"]["message"], cuda["state"]
+        open_artifact(cuda_id, "run-refused")
+        page.get_by_text(f"Change train.device in {cuda_file}").first.wait_for()
+        page.screenshot(path=str(artifacts / "journey-refused-yaml.png"), full_page=False)
+        step("two refusals")
+
+        # 4. plan a DFlash training with the short form's plan switch: the run ends Planned
+        dflash_fields = {**fields, "config_path": dflash_file}
+        _open_custom_run(page, base, "pipeline-short-form")
+        _fill_short_form(page, dflash_fields)
+        plan_switch = _property(page, "plan_only").get_by_role("switch")
+        plan_switch.click()
+        page.screenshot(path=str(artifacts / "journey-plan-form.png"), full_page=False)
+        plan = _submit_run_form(page)
+        assert plan["parameters"]["plan_only"] is True, plan["parameters"]
+        plan, plan_tasks = _finished(client, plan["id"])
+        assert plan_tasks == {} and plan["name"] == "pipeline[journey] dflash (plan)", plan
+        assert (plan["state"]["type"], plan["state"]["name"]) == ("COMPLETED", "Planned")
+        assert re.match(r"plan: .*train, evaluate would run", plan["state"]["message"]), plan
+        page.goto(f"{base}/runs/flow-run/{plan['id']}")
+        page.locator(".state-badge", has_text="Planned").first.wait_for()
+        page.screenshot(path=str(artifacts / "journey-planned.png"), full_page=False)
+
+        # 4b. the DFlash training: its report says the method changed, not the code
+        trained, _ = _finished(client, short_form_run(dflash_fields))
+        assert trained["state"]["type"] == "COMPLETED", trained["state"]
+        assert trained["name"] == "pipeline[journey] dflash", trained["name"]
+        assert trained["state"]["message"].startswith("dflash draft τ "), trained["state"]
+        report = _artifact(client, trained["id"], "run-report")
+        assert "- **train**: config changed: train.method 'eagle3' -> 'dflash'" in report, report
+        assert "code changed" not in report, report
+        step("a DFlash plan and its training")
+
+        # 5. the run list tells a plan, a Cached rerun and a DFlash training apart: each
+        # one's row (found by its link) shows its name and its own state
+        page.goto(f"{base}/runs")
+        page.get_by_placeholder("Search by flow run name").last.fill("pipeline[journey]")
+        for shown, badge in ((plan, "Planned"), (again, "Cached"), (trained, "Completed")):
+            link = page.locator(f"a[href='/runs/flow-run/{shown['id']}']")
+            row = page.locator(".flow-run-list-item", has=link)
+            row.scroll_into_view_if_needed()
+            row.locator(".state-badge", has_text=badge).wait_for()
+            assert link.inner_text().strip() == shown["name"]
+        page.screenshot(path=str(artifacts / "journey-run-list.png"), full_page=True)
+
+        # 6. a run killed (SIGKILL) in train: Crashed, no task left Running, and the crash
+        # artifact names train and the five stages that had finished (Cached here)
+        killed_id = short_form_run({**fields, "epochs": 200})  # long enough to kill in train
+
+        def training():
+            found = client.post(
+                "/task_runs/filter", json={"flow_runs": {"id": {"any_": [killed_id]}}}
+            ).json()
+            return any(t["name"] == "train[journey]" and t["state"]["type"] == "RUNNING"
+                       for t in found)  # fmt: skip
+
+        _wait_for(training, 600, "the train task running")
+        process = _wait_for(lambda: _flow_run_process(killed_id), 30, "the run's process")
+        os.kill(process, signal.SIGKILL)
+        killed, _ = _finished(client, killed_id)
+        assert killed["state"]["type"] == "CRASHED", killed["state"]
+
+        def crashed_artifact():
+            found = client.post(
+                "/artifacts/filter",
+                json={"artifacts": {"key": {"any_": ["run-crashed"]},
+                                    "flow_run_id": {"any_": [killed_id]}}},
+            ).json()  # fmt: skip
+            return found[0] if found else None
+
+        crash = _wait_for(crashed_artifact, 60, "the run-crashed artifact")
+        text = crash["data"]
+        assert text.startswith("# Crashed during train:"), text
+        finished = "download, tokenize, generate, extract, hidden_states"
+        assert f"## Kept: 5 finished stages ({finished})" in text, text
+        assert "resumes training from the last checkpoint" in text, text
+        _, tasks = _finished(client, killed_id)
+        assert tasks["train[journey]"]["state"]["type"] == "CRASHED", tasks["train[journey]"]
+        assert not [t for t in tasks.values() if t["state"]["type"] in ("RUNNING", "PENDING")]
+        notice = served.webhook.notice_of(killed_id)
+        assert notice["subject"] == "eaglet pipeline[journey] eagle3: Crashed", notice
+        page.goto(f"{base}/runs/flow-run/{killed_id}")
+        page.locator(".state-badge", has_text="Crashed").first.wait_for()
+        page.wait_for_load_state("networkidle")
+        assert page.locator(".state-badge", has_text="Running").count() == 0
+        page.screenshot(path=str(artifacts / "journey-killed.png"), full_page=False)
+        page.goto(f"{base}/artifacts/artifact/{crash['id']}")
+        page.get_by_text(f"Kept: 5 finished stages ({finished})").first.wait_for()
+        page.screenshot(path=str(artifacts / "journey-crash-artifact.png"), full_page=False)
+        step("a run killed in train")
+
+        # 7. a nightly schedule added on the deployment's page
         def cron_schedules() -> list:
             deployment = client.get(f"/deployments/{served.deployments['pipeline']}").json()
             return [(s["schedule"].get("cron"), s["active"]) for s in deployment["schedules"]]
@@ -959,4 +1175,5 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
         page.get_by_text("At 03:00 AM").first.wait_for()
         page.wait_for_load_state("networkidle")
         page.screenshot(path=str(artifacts / "journey-schedule.png"), full_page=False)
+        step("a nightly schedule and a restart of eaglet serve")
         context.close()

@@ -406,7 +406,7 @@ def test_eaglet_run_fails_its_preflight_before_any_flow_run_exit_2(tmp_path):
     assert "Traceback" not in result.stderr
     runs = httpx.post(
         f"{SharedPrefectServer.api_url()}/flow_runs/filter",
-        json={"flow_runs": {"name": {"any_": ["pipeline[preflight-fast]"]}}},
+        json={"flow_runs": {"name": {"like_": "pipeline[preflight-fast]"}}},  # any method
         timeout=30,
     ).json()
     assert runs == []

@@ -322,3 +322,83 @@ def test_a_deterministic_failure_says_retry_fails_the_same_way_and_which_setting
     assert "`--set generation.max_tokens=...`" in shell
     assert "run `eaglet run /w/config.yaml` again" in shell
     assert "add `--refresh-from generate`" in shell
+
+
+def test_a_method_switch_is_a_config_change_not_a_code_change():
+    """Issue 47: switching train.method brings the new method's modules into the train key's
+    code and drops the old one's; "Why stages ran" said "code changed: eaglet.draft.methods
+    .dflash, ..." though no code changed. It names the config key, and an edited module
+    still reads as a code change."""
+    from eaglet.cache import code_hash, code_modules, stage_config
+    from eaglet.config import load_config
+    from eaglet.stage_reasons import code_reason, config_reason, plug_in_reason
+    from eaglet.storage import Manifest
+
+    eagle3 = load_config(None, ["train.method=eagle3"])
+    dflash = load_config(None, ["train.method=dflash"])
+
+    def folder_of(stage: str, config) -> Manifest:
+        return Manifest(
+            stage=stage, key="k", path=f"{stage}/k", code_hash=code_hash(stage, config),
+            config=stage_config(stage, config), code_modules=code_modules(stage, config),
+            started=0.0, finished=1.0,
+        )  # fmt: skip
+
+    before = folder_of("train", eagle3)
+    modules = code_modules("train", dflash)
+    assert modules.keys() != before.code_modules.keys()  # the method's module came in
+    config = config_reason(stage_config("train", dflash), before.config)
+    assert config is not None and config.startswith("config changed: ")
+    assert "train.method 'eagle3' -> 'dflash'" in config, config
+    assert code_reason(modules, before, code_hash("train", dflash), config is not None) is None
+    edited = dict(modules, **{"eaglet.draft.train": "0" * 64})  # a module both runs share
+    reason = code_reason(edited, before, "another hash", config is not None)
+    assert reason == "code changed: eaglet.draft.train", reason
+    # evaluate is keyed by the draft it reads, not train.method: the plugged-in method says it
+    before = folder_of("evaluate", eagle3)
+    keyed = stage_config("evaluate", dflash)
+    assert config_reason(keyed, before.config) is None
+    assert plug_in_reason("evaluate", dflash, keyed, before) == (
+        "config changed: train.method, now 'dflash'"
+    )
+    assert plug_in_reason("evaluate", eagle3, stage_config("evaluate", eagle3), before) is None
+
+
+def test_the_advice_names_where_a_setting_came_from():
+    """Issue 47: a refusal of a run started with `config_path` said to change the setting "in
+    the form" when it was in the YAML file. The advice names the form's field, the YAML file
+    and key, or `--set`, by where the run's settings came from."""
+    from eaglet.failure_advice import RunOrigin, failure_headline, field_for
+
+    short = RunOrigin("short form", "/b/base.yaml", frozenset({"generation.endpoints"}))
+    assert field_for("generation.endpoints", short) == "`endpoints` (a field of this form)"
+    assert field_for("target.model", short) == (
+        "`target.model` in `/b/base.yaml` (the base config `config_path` names), or this "
+        "form's `target_model`"
+    )
+    assert field_for("train.device", short).startswith("`train.device` in `/b/base.yaml` (")
+    assert "not a field of the short form" in field_for("train.device", RunOrigin("short form"))
+    assert field_for("train.device", RunOrigin("full form", "/b/x.yaml")).startswith(
+        "`train.device` in `/b/x.yaml` (the file `config_path` names"
+    )
+    assert field_for("train.device", RunOrigin("full form")) == (
+        "`train.device` (config → Draft training → Device)"
+    )
+    assert field_for("train.device", RunOrigin("shell", "/b/x.yaml")) == (
+        "`train.device` in `/b/x.yaml` (or `--set train.device=...`)"
+    )
+    # the run record keeps the origin for a stage's failure later
+    run = {"started_from": "short form", "config_path": "/b/base.yaml", "set_keys": ["work_dir"]}
+    assert RunOrigin.of_run(run) == RunOrigin("short form", "/b/base.yaml", frozenset({"work_dir"}))
+    entry = {"error": "CanaryError: preflight canary failed:\n  endpoint http://h:9 is not "
+                      "reachable: start the server, or fix generation.endpoints"}  # fmt: skip
+    headline = failure_headline("generate", entry, short)
+    assert headline == (
+        "generate failed: CanaryError: preflight canary failed: endpoint http://h:9 is not "
+        "reachable: start the server, or fix generation.endpoints. Retry would send the same "
+        "parameters and fail the same way: change `endpoints` (a field of this form)"
+    )
+    passing = {"error": "ConnectError: [Errno 111]", "retry_can_succeed": True}
+    assert failure_headline("generate", passing, short).endswith(
+        "Retry can succeed once the passing fault is gone"
+    )

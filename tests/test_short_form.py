@@ -1,6 +1,6 @@
 """The short form (`eaglet.short_form`, the `pipeline-short-form` deployment): ten described
-fields with no "unset" toggle, each a change over a base config that a blank one keeps. The run
-of it from the Prefect UI is in tests/test_prefect_server.py."""
+fields and the plan-only switch, with no "unset" toggle, each a change over a base config that
+a blank one keeps. The run of it from the Prefect UI is in tests/test_prefect_server.py."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ from tests.conftest import ROOT
 from tests.form_schema_helpers import nullable_fields
 
 
-def test_the_short_form_has_ten_described_fields_and_no_toggles():
+def test_the_short_form_has_ten_described_fields_a_plan_switch_and_no_toggles():
     schema = parameter_schema(short_form).model_dump()
     assert list(schema["properties"]) == [
         "target_model", "datasets", "engine", "endpoints", "served_model", "epochs",
-        "work_dir", "until", "refresh_from", "config_path",
+        "work_dir", "until", "refresh_from", "config_path", "plan_only",
     ]  # fmt: skip
+    assert schema["properties"]["plan_only"]["default"] is False
     assert not schema.get("required")  # every field may stay blank
     assert nullable_fields(schema) == []
     described = [

@@ -2,7 +2,9 @@
 
 Owns `evaluate_draft` (a trained draft, and beside it a freshly initialised draft with the same
 config and vocab for the trained-vs-untrained comparison, tau for every k = 1..K) and
-`plot_acceptance`.
+`plot_acceptance`. The untrained draft's pass is the costliest (it accepts almost nothing, so a
+round emits one token) and the same for every draft of one shape on one target and prompt set:
+with `untrained_cache` it is run once and read back (`untrained_key`).
 
 One round, batch 1: the target's forward over the sequence x_0..x_{L-1} gives its aux features
 and its greedy next token x_L; the draft runs step 0 over every index (feeding x_{t+1}, x_L at the
@@ -24,6 +26,7 @@ whole sequence; both give the same tokens (tests/test_evaluate.py). The target r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -436,6 +439,17 @@ def _greedy_references(
     return references
 
 
+def untrained_key(fresh: torch.nn.Module, prompts: list[list[int]], settings: dict) -> str:
+    """What decides the untrained draft's pass besides the target and the code (which the
+    caller's cache folder is keyed by): the fresh draft's every weight and buffer (its shape,
+    seed and vocab), the prompts and the settings of the pass."""
+    digest = hashlib.sha256(json.dumps([prompts, settings], sort_keys=True).encode())
+    for name, tensor in sorted(fresh.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:24]
+
+
 def evaluate_draft(
     draft_dir: Path,
     target: TargetConfig | Path | str,
@@ -452,6 +466,7 @@ def evaluate_draft(
     reasoning_format: ReasoningFormat | None = None,
     sampling: Sampling | None = None,
     sampling_seed: int = 0,
+    untrained_cache: Path | None = None,
 ) -> dict:
     """tau and per-position acceptance of the draft in `draft_dir` (any export) on `prompts`
     (token ids), with k = `num_speculative_tokens`; with `every_k`, also tau for each k = 1..K
@@ -464,6 +479,10 @@ def evaluate_draft(
 
     With `reasoning_format`, each pass also reports τ per segment (thinking, answer, tool)
     under `"segments"` (`eaglet.draft.segments`), split from the output ids as extract does.
+
+    With `untrained_cache` (a folder the caller keys by the target and the code), the untrained
+    pass is read from `<untrained_key>.json` there when an earlier evaluation wrote it, and
+    written there otherwise.
 
     With `sampling`, one more pass samples the target at that temperature and top_p and
     verifies the draft by vLLM's rejection rule (`eaglet.draft.rejection`; draws seeded by
@@ -481,7 +500,20 @@ def evaluate_draft(
     model = load_target(target, device)
     aux_ids = resolve_aux_ids(config, aux_layer_ids, Path(draft_dir) / "config.json")
     eos = set(default_eos_ids(model) if eos_token_ids is None else eos_token_ids)
-    passes = 2 + (num_speculative_tokens - 1 if every_k else 0) + (untrained_seed is not None)
+    fresh, baseline, baseline_file = None, None, None
+    if untrained_seed is not None:
+        with torch.random.fork_rng():  # its seed leaves the caller's random state alone
+            fresh = method.fresh_like(trained, untrained_seed)
+        if untrained_cache is not None:
+            settings = {"k": num_speculative_tokens, "max_new_tokens": max_new_tokens,
+                        "eos": sorted(eos), "aux": aux_ids, "cache": use_cache,
+                        "segments": type(reasoning_format).__name__}  # fmt: skip
+            key = untrained_key(fresh, prompts, settings)
+            baseline_file = Path(untrained_cache) / f"{key}.json"
+            if baseline_file.is_file():
+                baseline = json.loads(baseline_file.read_text())
+    passes = 2 + (num_speculative_tokens - 1 if every_k else 0)
+    passes += fresh is not None and baseline is None
     passes += sampling is not None
     counter = EvaluationProgress(len(prompts) * passes, progress)
     references = _greedy_references(model, prompts, max_new_tokens, eos, use_cache, counter)
@@ -515,10 +547,13 @@ def evaluate_draft(
             sampled, temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling_seed,
             draft_sampling=DRAFT_SAMPLING,
         )  # fmt: skip
-    if untrained_seed is not None:
-        fresh = method.fresh_like(trained, untrained_seed)
-        untrained = counter.callback("untrained draft")
-        baseline = evaluate_loaded(fresh, k=k, progress=untrained, **common)
+    if fresh is not None:
+        if baseline is None:  # not evaluated before on this target, prompts and shape
+            untrained = counter.callback("untrained draft")
+            baseline = evaluate_loaded(fresh, k=k, progress=untrained, **common)
+            if baseline_file is not None:
+                baseline_file.parent.mkdir(parents=True, exist_ok=True)
+                write_json_atomic(baseline_file, baseline)
         report["untrained"] = dict(baseline, draft=f"untrained (seed {untrained_seed})")
     return report
 
@@ -590,6 +625,7 @@ def evaluation_report(
     folder: Path,
     progress: Callable[[dict], None] | None = None,
     reasoning_format: ReasoningFormat | None = None,
+    untrained_cache: Path | None = None,
 ) -> dict:
     """The evaluate stage's report, written to `folder/report.json` (with `acceptance.png`):
     offline tau of the draft (k = 1..K) beside an untrained draft's, per segment (thinking,
@@ -606,7 +642,7 @@ def evaluation_report(
         max_new_tokens=settings.max_new_tokens, eos_token_ids=eos_token_ids,
         aux_layer_ids=aux_layer_ids, untrained_seed=0, every_k=True, progress=progress,
         reasoning_format=reasoning_format, sampling=sampling,
-        sampling_seed=settings.sampling_seed,
+        sampling_seed=settings.sampling_seed, untrained_cache=untrained_cache,
     )  # fmt: skip
     baseline = trained.pop("untrained")
     sampled = trained.pop("sampled", None)

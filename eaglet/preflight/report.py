@@ -34,11 +34,13 @@ class PreflightReport:
         return not self.problems
 
     def render(self) -> str:
+        """The report, problems first (the first screen of a refused run's log shows them,
+        not a page of checks that passed), then warnings, then what passed."""
         verdict = "ok" if self.ok else f"{len(self.problems)} problem(s)"
         lines = [f"preflight: {verdict}"]
-        lines += [f"  ok:      {line}" for line in self.passed]
-        lines += [f"  warning: {line}" for line in self.warnings]
         lines += [f"  problem: {line}" for line in self.problems]
+        lines += [f"  warning: {line}" for line in self.warnings]
+        lines += [f"  ok:      {line}" for line in self.passed]
         lines += [f"  recommend: {line}" for line in self.recommendations]
         return "\n".join(lines)
 

@@ -1,12 +1,16 @@
 """The evaluate stage: held-out prompts → acceptance length τ of the draft, beside an untrained
 draft's τ (and, with evaluate.serving=vllm, τ served by vLLM), as `report.json`, a PNG plot and
-artifacts."""
+artifacts. The untrained draft is scored once per target, evaluation settings, code and draft
+shape: its pass is kept in `WORK_DIR/.untrained-tau/` (outside the stage folders, which `eaglet
+gc` prunes) and read back by the next evaluate of a draft of the same shape."""
 
 from __future__ import annotations
 
+import hashlib
 from datetime import timedelta
 from pathlib import Path
 
+from eaglet.cache import code_hash, stage_config
 from eaglet.config import PipelineConfig
 from eaglet.draft.evaluate import evaluation_report
 from eaglet.draft.sampled import sampled_summary, sampled_text
@@ -19,8 +23,26 @@ from eaglet.records.prompts import Prompt
 from eaglet.split import is_heldout
 from eaglet.stage_context import StageContext
 from eaglet.stages import ACCEPTANCE_PLOT_FILE, DRAFT_FOLDER, PROMPTS_FILE, REPORT_FILE
-from eaglet.storage import Manifest, StageOutput, final_path, stage_dir, write_json_atomic
+from eaglet.storage import (
+    Manifest,
+    StageOutput,
+    canonical_json,
+    final_path,
+    stage_dir,
+    write_json_atomic,
+)
 from eaglet.target import end_token_ids, load_tokenizer
+
+UNTRAINED_CACHE = ".untrained-tau"  # in the work dir: the untrained draft's passes
+
+
+def untrained_cache(config: PipelineConfig) -> Path:
+    """The folder of the untrained draft's passes for this target, these evaluation settings
+    and this code (the draft's shape and the prompts name the file in it:
+    `eaglet.draft.evaluate.untrained_key`)."""
+    keyed = {"config": stage_config("evaluate", config), "code": code_hash("evaluate", config)}
+    key = hashlib.sha256(canonical_json(keyed).encode()).hexdigest()[:20]
+    return Path(config.work_dir) / UNTRAINED_CACHE / key
 
 
 def heldout_prompts(config: PipelineConfig, prompts: Manifest) -> list[list[int]]:
@@ -63,7 +85,7 @@ def run(
 
     report = evaluation_report(
         config.evaluate, config.target, draft_dir, heldout, eos, None, folder, progress,
-        reasoning_format,
+        reasoning_format, untrained_cache(config),
     )  # fmt: skip
     if config.evaluate.sets:  # the named sets, beside the held-out prompts
         report["sets"] = evaluate_sets(

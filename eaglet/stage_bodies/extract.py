@@ -64,6 +64,17 @@ def quality_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def per_source_rows(per_source: dict[str, dict]) -> list[dict]:
+    """The per-source figures as a table a pane shows whole: a row per figure, a column per
+    source (a column per figure, a row per source, was wider than the artifact's pane)."""
+    figures = dict.fromkeys(k for f in per_source.values() for k in f if k != "sequence_tokens")
+    return [
+        {"figure": k} | {s: round(v, 3) if isinstance(v := f.get(k), float) else v
+                         for s, f in per_source.items()}
+        for k in figures
+    ]  # fmt: skip
+
+
 def run(
     ctx: StageContext, config: PipelineConfig, inputs: dict[str, Manifest], folder: Path
 ) -> StageOutput:
@@ -93,11 +104,8 @@ def run(
     )
     ctx.table(
         "data-quality-per-source",
-        [
-            {"source": s, **{k: v for k, v in f.items() if k != "sequence_tokens"}}
-            for s, f in report["per_source"].items()
-        ],
-        "the data-quality figures of each dataset source",
+        per_source_rows(report["per_source"]),
+        "the data-quality figures of each dataset source (a column each)",
     )
     ctx.info(
         f"reasoning format {reasoning_format.name}; capture rate "

@@ -102,7 +102,7 @@ def flow_run_state_via_api(api: str, name: str) -> str | None:
     response = httpx.post(
         f"{api}/flow_runs/filter",
         json={
-            "flow_runs": {"name": {"any_": [f"pipeline[{name}]"]}},
+            "flow_runs": {"name": {"like_": f"pipeline[{name}]"}},  # and its method
             "sort": "START_TIME_DESC",
             "limit": 5,
         },
@@ -116,8 +116,8 @@ def flow_run_state_via_api(api: str, name: str) -> str | None:
 def flow_run_state_in_database(prefect_home: Path, name: str) -> str | None:
     with sqlite3.connect(prefect_home / "prefect.db") as db:
         row = db.execute(
-            "SELECT state_type FROM flow_run WHERE name = ? ORDER BY created DESC LIMIT 1",
-            (f"pipeline[{name}]",),
+            "SELECT state_type FROM flow_run WHERE name LIKE ? ORDER BY created DESC LIMIT 1",
+            (f"pipeline[{name}]%",),  # `pipeline[<name>] eagle3`: the run trains
         ).fetchone()
     return row[0] if row else None
 
