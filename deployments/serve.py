@@ -1,5 +1,7 @@
 """Serve eaglet's deployments from one process: the whole pipeline (its full form, and a short
-form of the settings most runs change) and generation alone.
+form of the settings most runs change), generation alone, and the two that keep a draft
+following its target (`watch`, hourly, and `refresh`, started by its trigger on
+`eaglet.target.changed`: deployments/follow.py).
 
     python deployments/serve.py        (or: eaglet serve)
 
@@ -29,6 +31,8 @@ from prefect.client.schemas.objects import ConcurrencyLimitConfig
 from prefect.exceptions import ObjectNotFound
 
 from eaglet.cache import pipeline_code_version
+from eaglet_prefect.deployments.follow import refresh_trigger, watch_schedule
+from eaglet_prefect.flows.follow import refresh, watch
 from eaglet_prefect.flows.pipeline import pipeline
 from eaglet_prefect.flows.run_names import name_new_runs
 from eaglet_prefect.flows.short_form import short_form
@@ -97,6 +101,25 @@ def serve_deployments(version: str) -> None:
             version=version,
             schedules=existing_schedules("generate-only"),
             concurrency_limit=ONE_RUN_AT_A_TIME,
+        ),
+        watch.to_deployment(
+            name="watch",
+            description="Fingerprint a work dir's target; emit eaglet.target.changed when its "
+            "draft was trained on another one (never downloads or trains). Hourly.",
+            tags=["eaglet", "follow"],
+            version=version,
+            schedules=existing_schedules("watch", watch.name)
+            or [DeploymentScheduleCreate(schedule=watch_schedule(), active=True)],
+        ),
+        refresh.to_deployment(
+            name="refresh",
+            description="Measure the work dir's draft on its changed target; keep it, or train "
+            "from it and promote the better draft. Started by eaglet.target.changed, or by hand.",
+            tags=["eaglet", "follow"],
+            version=version,
+            schedules=existing_schedules("refresh", refresh.name),
+            concurrency_limit=ONE_RUN_AT_A_TIME,
+            triggers=[refresh_trigger()],
         ),
     )
 

@@ -2,8 +2,10 @@
 it still serves the new one, and its promotion (the core of the watch and refresh flows).
 
 - The current draft: `WORK_DIR/draft.json` (`PromotedDraft`), written whenever a draft is
-  promoted (a completed run's, or a refresh's that beat it); without one, the last run's train
-  stage's draft, with the τ its evaluate stage measured on the named sets.
+  promoted: a run that measured its draft promotes it (`promote_completed_run`), but a run a
+  refresh starts leaves that to the refresh, which promotes only a draft that beat the current
+  one; without a record, the last run's train stage's draft, with the τ its evaluate stage
+  measured on the named sets.
 - The watch (`target_change`): the target's fingerprint now, in the parts the train stage reads
   (`TRAINED_PARTS`, by content: `eaglet.fingerprints`), against those the current draft was
   trained on. A hub id is fingerprinted by its id and revision, never downloaded.
@@ -22,6 +24,9 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +213,35 @@ def promoted_from_run(
         tau=tau,
         why=why,
     )
+
+
+_REFRESHING: ContextVar[bool] = ContextVar("eaglet_refreshing", default=False)
+
+
+@contextmanager
+def promotion_decided_by_refresh() -> Iterator[None]:
+    """Within the block (a refresh running the pipeline), a completed run does not promote
+    its draft: the refresh promotes it only if it beats the current one."""
+    token = _REFRESHING.set(True)
+    try:
+        yield
+    finally:
+        _REFRESHING.reset(token)
+
+
+def promote_completed_run(config: PipelineConfig, stages: dict[str, dict]) -> bool:
+    """Make the draft of a run that trained and measured it (`run.json`'s stages) the current
+    one; not within a refresh. Returns whether it did."""
+    train, evaluate = stages.get(TRAIN) or {}, stages.get(EVALUATE) or {}
+    done = ("Completed", "Cached")
+    if _REFRESHING.get() or train.get("state") not in done or evaluate.get("state") not in done:
+        return False
+    work_dir = Path(config.work_dir)
+    report = stage_folder(work_dir, EVALUATE, evaluate["key"]) / REPORT_FILE
+    tau = set_taus(json.loads(report.read_text())) if report.is_file() else {}
+    promote(
+        work_dir,
+        promoted_from_run(work_dir, train["key"], config.target.model, trained_parts(config),
+                          tau, "a run trained and measured it"),
+    )  # fmt: skip
+    return True

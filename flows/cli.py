@@ -609,7 +609,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="what it trains on: the fixture's conversations, or 'restyled' (the same tasks, "
         "reasoning in other words; with --continue-from)",
     )  # fmt: skip
-    fixture.add_argument("--steps", type=int, help="training steps (default 250; continued: 150)")
+    fixture.add_argument("--steps", type=int, help="training steps (default 250; continued: 60)")
     fixture.add_argument("--layers", type=int, help="with --shape: fewer layers, same width")
     fixture.add_argument(
         "--vocab-size", type=int, help="with --shape: more embedding and lm_head rows"

@@ -26,6 +26,7 @@ from eaglet.refresh import (
     measure,
     promote,
     promoted_from_run,
+    promotion_decided_by_refresh,
     retrain_config,
     set_taus,
     target_change,
@@ -87,7 +88,7 @@ def watch(work_dir: str = "runs/demo", config_path: str = "") -> dict:
     return {"changed": True, **change}
 
 
-@task(name="measure-draft")
+@task(name="measure-draft", task_run_name="measure-draft")
 def measure_draft(config: PipelineConfig, draft_dir: str) -> dict:
     """The draft on the target and named sets (the evaluate stage's rounds)."""
     return measure(config, Path(draft_dir), progress=print)
@@ -133,7 +134,8 @@ def refresh(work_dir: str = "runs/demo", config_path: str = "") -> State:
             create_markdown_artifact(report, key="refresh-report", description="kept: τ held")
             return Completed(message=f"kept {draft.draft}: {decided['lines'][-1]}")
         retrain = retrain_config(config, draft_dir)
-        result = pipeline(config=retrain)  # a subflow: every stage of it in the UI
+        with promotion_decided_by_refresh():  # promoted below only if it beats the current one
+            result = pipeline(config=retrain)  # a subflow: every stage of it in the UI
         stages = result["stages"]
         report_file = stage_folder(Path(config.work_dir), STAGES[-1], stages[STAGES[-1]]["key"])
         trained = set_taus(_read(report_file / REPORT_FILE))

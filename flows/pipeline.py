@@ -22,6 +22,7 @@ from eaglet.config import PipelineConfig, load_config
 from eaglet.failure_advice import RunOrigin, failure_headline
 from eaglet.fixture.demo import demo_inputs_missing
 from eaglet.preflight import run_preflight, take_passed_ahead
+from eaglet.refresh import promote_completed_run
 from eaglet.run_report import (
     failure_entry,
     start_run_record,
@@ -263,6 +264,7 @@ def run_stages(
             return Failed(message=headline, data=failure)
         evaluation = outputs.get("report", {}).get("info", {})
         result = {"stages": record["stages"], "evaluation": evaluation}
+        promote_completed_run(config, record["stages"])  # the current draft (eaglet.refresh)
         if flow_run.id and flow_run.run_count > 1:  # a Retry: earlier failures are stale
             mark_failures_superseded(flow_run.id)
         # The message is what the run page's state and the completion notification say; a run

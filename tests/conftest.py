@@ -53,6 +53,21 @@ def fixture_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def drifted_model_dir(tmp_path_factory, fixture_model_dir) -> Path:
+    """The fixture target trained further on the restyled corpus (`eaglet fixture-model
+    --continue-from`, about 25 s): a target that drifted, which the fixture's drafts feel."""
+    from eaglet.fixture.model import build_fixture_model
+
+    shared = tmp_path_factory.getbasetemp().parent / "drifted-model"
+    with open(shared.parent / "drifted-model.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (shared / "model.safetensors").exists():
+            shutil.rmtree(shared, ignore_errors=True)
+            build_fixture_model(shared, continue_from=fixture_model_dir, corpus="restyled")
+    return shared
+
+
+@pytest.fixture(scope="session")
 def sample_data_dir(tmp_path_factory) -> Path:
     from eaglet.fixture.sample_data import write_sample_data
 

@@ -93,7 +93,7 @@ def _as_client(api: str, auth: str):
     return temporary_settings({PREFECT_API_URL: api, PREFECT_API_AUTH_STRING: auth})
 
 
-SERVED = {"pipeline", "pipeline-short-form", "generate-only"}  # what `eaglet serve` serves
+SERVED = {"pipeline", "pipeline-short-form", "generate-only", "watch", "refresh"}  # `eaglet serve`
 
 
 @dataclass
@@ -1177,3 +1177,61 @@ def test_the_journey_of_a_ui_user(served, tmp_path, fixture_model_dir, sample_da
         page.screenshot(path=str(artifacts / "journey-schedule.png"), full_page=False)
         step("a nightly schedule and a restart of eaglet serve")
         context.close()
+
+
+def _runs_of(client: httpx.Client, deployment_id: str) -> list[dict]:
+    return client.post(
+        "/flow_runs/filter", json={"deployments": {"id": {"any_": [deployment_id]}}}
+    ).json()
+
+
+def test_a_changed_target_fires_the_watch_and_the_refresh_retrains_and_promotes(
+    served, tmp_path, fixture_model_dir, drifted_model_dir, sample_data_dir
+):
+    """Issue 51: a README edit and a byte-for-byte copy of the target fire nothing, and a
+    refresh started by hand then measures the draft and stops, retraining nothing; replacing
+    the target's folder by a drifted target fires the watch's `eaglet.target.changed`, the
+    refresh deployment's trigger starts it, and it trains from the old draft and promotes the
+    new one, whose τ on the new target beats the old draft's there."""
+    from eaglet.refresh import PROMOTED_FILE
+
+    target, work = tmp_path / "target", tmp_path / "work"
+    shutil.copytree(fixture_model_dir, target)
+    config = _config(
+        tmp_path, target, sample_data_dir, "name=follow", "train.epochs=2",
+        f"evaluate.sets=[{{name: gsm8k, path: {sample_data_dir / 'gsm8k.jsonl'}, limit: 6}}]",
+    )  # fmt: skip
+    first, _ = _run(served.client, served.deployments["pipeline"], {"config": config})
+    assert first["state"]["type"] == "COMPLETED", first["state"]
+    promoted = json.loads((work / PROMOTED_FILE).read_text())
+    assert promoted["tau"]["gsm8k"] > 1  # the run made its draft the current one
+
+    watch, refresh = served.deployments["watch"], served.deployments["refresh"]
+    (target / "README.md").write_text("# the fixture target\n")  # a file no stage reads
+    shutil.copytree(target, tmp_path / "copy")
+    shutil.rmtree(target)
+    (tmp_path / "copy").rename(target)  # the same bytes, every file new
+    watched, _ = _run(served.client, watch, {"work_dir": str(work)})
+    assert watched["state"]["type"] == "COMPLETED"
+    assert not _runs_of(served.client, refresh)  # no event, no refresh
+    kept, tasks = _run(served.client, refresh, {"work_dir": str(work)})  # by hand
+    assert kept["state"]["type"] == "COMPLETED" and "kept" in kept["state"]["message"], kept
+    assert set(tasks) == {"measure-draft"}  # measured; no stage ran
+    assert json.loads((work / PROMOTED_FILE).read_text())["train_key"] == promoted["train_key"]
+
+    shutil.rmtree(target)
+    shutil.copytree(drifted_model_dir, target)  # the target was fine-tuned
+    watched, _ = _run(served.client, watch, {"work_dir": str(work)})
+    assert watched["state"]["type"] == "COMPLETED"
+    started = _wait_for(
+        lambda: [r for r in _runs_of(served.client, refresh) if r["id"] != kept["id"]],
+        120, "the refresh its trigger started",
+    )  # fmt: skip
+    assert started[0]["parameters"]["work_dir"] == str(work)
+    run, tasks = _finished(served.client, started[0]["id"])
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    assert run["state"]["message"].startswith("promoted the new draft"), run["state"]
+    after = json.loads((work / PROMOTED_FILE).read_text())
+    assert after["train_key"] != promoted["train_key"]
+    report = _artifact(served.client, run["id"], "refresh-report")
+    assert "## After training from it" in report and "gsm8k" in report
