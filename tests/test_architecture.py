@@ -215,7 +215,7 @@ def test_adding_a_draft_method_is_its_module_and_one_registry_line(tmp_path):
         "from eaglet.draft.methods.eagle3 import Eagle3Method\n\n\n"
         'class ToyMethod(Eagle3Method):\n    name = "toy"\n\n\nMETHOD = ToyMethod()\n'
     )
-    registry = methods / "__init__.py"
+    registry = methods / "registry.py"
     text = registry.read_text()
     line = '    "dflash": "eaglet.draft.methods.dflash",\n'
     assert line in text
@@ -225,7 +225,7 @@ def test_adding_a_draft_method_is_its_module_and_one_registry_line(tmp_path):
         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.startswith("ok ['dflash', 'eagle3', 'peagle', 'toy']")
+    assert result.stdout.startswith("ok ['dflash', 'dspark', 'eagle3', 'peagle', 'toy']")
 
 
 # --- the tests themselves: each test module stands alone; a bound on seconds runs alone --------

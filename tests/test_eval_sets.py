@@ -68,8 +68,8 @@ def untrained_draft(folder, fixture_model_dir):
     (badly), and the figures are counted the same way as a trained one's."""
     import torch
 
-    from eaglet.draft.checkpoint import save_draft
-    from eaglet.draft.model import Eagle3Config, Eagle3Draft
+    from eaglet.draft.methods.eagle3_checkpoint import save_draft
+    from eaglet.draft.methods.eagle3_model import Eagle3Config, Eagle3Draft
 
     cfg = json.loads((fixture_model_dir / "config.json").read_text())
     torch.manual_seed(0)
@@ -120,7 +120,7 @@ def test_eaglet_eval_measures_a_published_format_draft_without_training(
 ):
     """A draft in speculators' layout (as a speculators user publishes one) and eaglet's own
     folder of the same weights give the same figures on the same prompts."""
-    from eaglet.draft.export import SPECULATORS_FOLDER, write_speculators_export
+    from eaglet.draft.methods.eagle3_exports import SPECULATORS_FOLDER, write_speculators_export
     from eaglet.fixture.sample_data import gsm8k_rows
     from tests.conftest import run_cli
 
