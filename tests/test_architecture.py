@@ -228,6 +228,23 @@ def test_adding_a_draft_method_is_its_module_and_one_registry_line(tmp_path):
     assert result.stdout.startswith("ok ['dflash', 'dspark', 'eagle3', 'peagle', 'toy']")
 
 
+def test_the_method_seam_names_no_any():
+    """What the trainer and evaluator hand a method, and what it gives back, is typed: no
+    `Any` in the seam module (the type checker in `make lint` checks each method against it),
+    and each method module's `METHOD` is declared a `DraftMethod` so that it is checked."""
+    base = ROOT / "eaglet" / "draft" / "methods" / "base.py"
+    tree = ast.parse(base.read_text(encoding="utf-8"))
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert "Any" not in names
+    from eaglet.draft.methods import METHODS
+
+    for module in METHODS.values():
+        path = ROOT.joinpath(*module.split(".")).with_suffix(".py")
+        source = path.read_text(encoding="utf-8")
+        assert re.search(r"^METHOD: DraftMethod = ", source, re.M), module
+
+
 # --- the tests themselves: each test module stands alone; a bound on seconds runs alone --------
 
 TESTS = ROOT / "tests"

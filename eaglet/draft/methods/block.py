@@ -84,6 +84,12 @@ class BlockMethod:
         """The method's own keys of its speculators config.json."""
         raise NotImplementedError
 
+    def load(
+        self, folder: Path, device: str | torch.device = "cpu"
+    ) -> tuple[DFlashDraft, dict[str, Any]]:
+        """The draft and config.json of the method's folder (either layout)."""
+        raise NotImplementedError
+
     # ---------------------------------------------------------------------------- layers
 
     def layer_ids(self, requested: list[int] | None, num_layers: int) -> list[int]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import load_file
 
-from eaglet.draft.methods.base import ConfigJson
+from eaglet.draft.methods.base import ConfigJson, DraftMethod
 from eaglet.draft.methods.block import BlockMethod, layer_numbers
 from eaglet.draft.methods.dflash_model import DFlashConfig, DFlashDraft
 
@@ -81,4 +81,4 @@ class DFlashMethod(BlockMethod):
         return int(block or requested + 1) - 1
 
 
-METHOD = DFlashMethod()
+METHOD: DraftMethod = DFlashMethod()  # checked against the seam by the type checker

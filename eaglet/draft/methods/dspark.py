@@ -31,7 +31,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from eaglet.draft.methods.base import ConfigJson
+from eaglet.draft.methods.base import ConfigJson, DraftMethod
 from eaglet.draft.methods.block import BlockMethod, layer_numbers
 from eaglet.draft.methods.dflash_model import DFlashConfig, DFlashDraft
 from eaglet.draft.methods.settings import DSparkSettings
@@ -205,4 +205,4 @@ def mask_or_noise(raw: dict[str, Any]) -> int:
     raise ValueError("a DSpark config names no mask token (mask_token_id, dspark_noise_token_id)")
 
 
-METHOD = DSparkMethod()
+METHOD: DraftMethod = DSparkMethod()  # checked against the seam by the type checker

@@ -20,6 +20,7 @@ from torch import nn
 from eaglet.draft.methods.base import (
     Batch,
     ConfigJson,
+    DraftMethod,
     TargetModel,
     TrainingView,
     own,
@@ -220,5 +221,5 @@ class Eagle3Method:
         return write_exports(draft_dir, target, k)
 
 
-METHOD = Eagle3Method()
+METHOD: DraftMethod = Eagle3Method()  # checked against the seam by the type checker
 __all__ = ["METHOD", "ChainDrafter", "propose"]

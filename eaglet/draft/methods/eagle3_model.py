@@ -255,6 +255,8 @@ class Eagle3Draft(nn.Module):
     """fc (fuse 3 target layers) -> midlayer -> norm -> lm_head, plus d2t/t2d buffers."""
 
     method_name = "eagle3"  # eaglet.draft.methods
+    d2t: torch.Tensor  # int64 [Vd] (buffers, registered below)
+    t2d: torch.Tensor  # bool [V]
 
     def __init__(self, config: Eagle3Config):
         super().__init__()

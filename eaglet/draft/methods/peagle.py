@@ -24,7 +24,14 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from eaglet.draft.methods.base import ConfigJson, TargetModel, TrainingView, mask_token, own
+from eaglet.draft.methods.base import (
+    ConfigJson,
+    DraftMethod,
+    TargetModel,
+    TrainingView,
+    mask_token,
+    own,
+)
 from eaglet.draft.methods.eagle3 import ChainDrafter, Eagle3Method
 from eaglet.draft.methods.eagle3_checkpoint import config_from_json, save_draft
 from eaglet.draft.methods.eagle3_model import Eagle3Config, Eagle3Draft
@@ -134,4 +141,4 @@ class ParallelEagle3Method(Eagle3Method):
         return {"vllm": Path(draft_dir).name}  # SGLang and speculators: no parallel drafting
 
 
-METHOD = ParallelEagle3Method()
+METHOD: DraftMethod = ParallelEagle3Method()  # checked against the seam by the type checker
