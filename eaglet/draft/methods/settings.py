@@ -14,7 +14,11 @@ class BlockSettings(Strict):
 
     block_size: int = Field(5, ge=1, le=33, description="Tokens per block.")
     num_layers: int = Field(
-        2, ge=1, le=16, description="Draft decoder layers (2 on the demo: τ 3.56; 1: τ 1.38)."
+        2,
+        ge=1,
+        le=16,
+        description="Draft decoder layers (2 on the demo: DFlash τ 3.27, DSpark τ 3.82, "
+        "benchmarks/methods.py; DFlash with 1: τ 1.38).",
     )
     anchors: int = Field(
         32,
