@@ -18,11 +18,14 @@ install: $(BIN)/eaglet
 demo: install
 	$(BIN)/eaglet demo --work-dir runs/demo
 
+# mypy checks the draft methods' seam and their settings ([tool.mypy] in pyproject.toml): each
+# method's METHOD against the DraftMethod protocol.
 # The docs site (mkdocs.yml) builds with --strict: docs/hooks.py generates its config reference
 # and fails the build on a config key or link that does not exist.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/mkdocs build --strict -q -d site
 
 # The tests' fixture model is the demo's (same seed 0) once `make demo` built it; otherwise it

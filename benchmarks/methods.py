@@ -1,5 +1,6 @@
-"""Draft methods side by side on the same data: EAGLE-3, P-EAGLE and DFlash, each trained on the
-same hidden states of the same samples and evaluated on the same held-out prompts at the same k.
+"""Draft methods side by side on the same data: EAGLE-3, P-EAGLE, DFlash and DSpark, each trained
+on the same hidden states of the same samples and evaluated on the same held-out prompts at the
+same k.
 
 Per method: offline τ and emitted τ (output tokens per verification round) greedy and sampled
 (T --temperature, vLLM's rejection rule), the draft's cost per round against the target's
@@ -10,7 +11,7 @@ hidden_states once (Cached for the other methods: the layers are the same), then
 evaluate per method.
 
     python benchmarks/methods.py [--demo-dir runs/demo] [--work-dir /tmp/eaglet-methods]
-        [--methods eagle3,peagle,dflash] [--k 4] [--epochs 8] [--temperature 0.6]
+        [--methods eagle3,peagle,dflash,dspark] [--k 4] [--epochs 8] [--temperature 0.6]
         [--set a.b=value ...] [--out benchmarks/methods.md]
 
 The target and data are the demo's (`make demo` builds them in --demo-dir). Run it alone: on two
@@ -42,6 +43,10 @@ METHOD_SETTINGS = {  # the same k for each: its chain, its masks, its block
     "dflash": lambda k: [
         f"evaluate.num_speculative_tokens={k}",
         f"train.dflash.block_size={k + 1}",
+    ],
+    "dspark": lambda k: [
+        f"evaluate.num_speculative_tokens={k}",
+        f"train.dspark.block_size={k}",
     ],
 }
 
@@ -94,7 +99,7 @@ def round_costs(draft_dir: Path, config, prompts: list[list[int]]) -> dict:
 
     method.drafter, evaluator.TargetRunner.extend = timed_drafter, timed_extend
     try:
-        ids = method.layer_ids(None, target.config.num_hidden_layers, config.train)
+        ids = method.layer_ids(None, target.config.num_hidden_layers)
         evaluator.evaluate_loaded(draft, target, prompts, None, k, 64, set(), ids, progress=None)
     finally:
         method.drafter, evaluator.TargetRunner.extend = real_drafter, real_extend
@@ -110,7 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--demo-dir", default="runs/demo")
     parser.add_argument("--work-dir", default="/tmp/eaglet-methods")
-    parser.add_argument("--methods", default="eagle3,peagle,dflash")
+    parser.add_argument("--methods", default=",".join(METHOD_SETTINGS))
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--temperature", type=float, default=0.6)

@@ -26,8 +26,13 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from eaglet.draft.model import TTT, Eagle3Config, Eagle3Draft, ttt_attention_mask  # noqa: E402
-from eaglet.draft.ttt_loss import shift_left  # noqa: E402
+from eaglet.draft.methods.eagle3_model import (  # noqa: E402
+    TTT,
+    Eagle3Config,
+    Eagle3Draft,
+    ttt_attention_mask,
+)
+from eaglet.draft.methods.loss import shift_left  # noqa: E402
 
 
 def unroll(draft: Eagle3Draft, embed, ids, hidden, ttt_length: int, dense: bool) -> list:

@@ -45,7 +45,7 @@ from eaglet.config import (
     TrainConfig,
 )
 from eaglet.config_fields import is_cache_neutral
-from eaglet.draft.methods import METHODS
+from eaglet.draft.methods import DEFAULT_METHOD, METHODS
 from eaglet.engines.registry import engine_spec
 from eaglet.fingerprints import file_fingerprint, model_fingerprint, target_parts
 from eaglet.hidden_states.backends import BACKENDS
@@ -175,7 +175,7 @@ def _backend_module(config: PipelineConfig | None) -> str:
 
 def _method_module(config: PipelineConfig | None) -> str:
     """The chosen draft method's module (its layers, network, files)."""
-    return METHODS[config.train.method if config is not None else "eagle3"]
+    return METHODS[config.train.method if config is not None else DEFAULT_METHOD]
 
 
 # A registry a stage plugs into (`Stage.plug_ins`) -> the module of the entry a config chooses.
@@ -201,7 +201,18 @@ def stage_modules(stage: str, config: PipelineConfig | None = None) -> tuple[str
         # Turn-by-turn regeneration (and through it the reasoning split) decides the output
         # only with regenerate=all: a fix to extraction must not re-run generation.
         skip = frozenset({"eaglet.turns"})
+    if "method" not in spec.code_plug_ins(config):
+        # what such a stage reads of a draft method, its layers, keys it by value (LAYER_IDS)
+        skip |= method_modules()
     return import_closure(roots, skip=skip)
+
+
+@cache
+def method_modules(root: Path = ROOT) -> frozenset[str]:
+    """The draft-method package and its modules (`eaglet.draft.methods`)."""
+    package = "eaglet.draft.methods"
+    folder = root.joinpath(*package.split("."))
+    return frozenset({package} | {f"{package}.{p.stem}" for p in folder.glob("[!_]*.py")})
 
 
 def task_module(stage: str) -> str:
@@ -252,6 +263,21 @@ def hidden_states_keyed(settings: BaseModel) -> dict[str, Any]:
     return value
 
 
+# The method sections `train` keyed whole before each method's section was keyed with its
+# method only (issue 49): kept so that no key moved. A section added later is keyed when its
+# method is the one trained (a method added later never re-keys a run of another).
+KEYED_METHOD_SECTIONS = ("dflash",)
+
+
+def train_keyed(settings: TrainConfig) -> dict[str, Any]:
+    """`train`'s keyed fields, another method's section (but `KEYED_METHOD_SECTIONS`) left out."""
+    value = keyed_fields(settings)
+    for name in METHODS:
+        if name in value and name != settings.method and name not in KEYED_METHOD_SECTIONS:
+            del value[name]
+    return value
+
+
 def keyed_value(config: PipelineConfig, path: str) -> Any:
     """The value a stage key holds for the dotted config path `path` (`eaglet.stages`): model
     folders (the target, train.init_from's draft) and local dataset files by content, config
@@ -290,11 +316,11 @@ def keyed_value(config: PipelineConfig, path: str) -> Any:
         }
     if isinstance(value, HiddenStatesConfig):  # its backends' sections as before them
         return hidden_states_keyed(value)
-    if isinstance(value, TrainConfig) and value.init_from:  # the draft it starts from
-        return {
-            **keyed_fields(value),
-            "init_from": model_fingerprint(value.init_from, work_dir=config.work_dir),
-        }
+    if isinstance(value, TrainConfig):
+        keyed = train_keyed(value)
+        if value.init_from:  # the draft it starts from, by content
+            keyed["init_from"] = model_fingerprint(value.init_from, work_dir=config.work_dir)
+        return keyed
     return keyed_fields(value) if isinstance(value, BaseModel) else value
 
 

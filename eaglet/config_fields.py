@@ -13,6 +13,7 @@ from typing import Annotated, Any, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
 from pydantic.fields import FieldInfo
+from pydantic.json_schema import JsonDict
 
 
 def base_url(url: str) -> str:
@@ -37,7 +38,7 @@ BaseUrl = Annotated[str, AfterValidator(base_url)]
 # Marks a field that changes how fast or where a stage runs, never what it writes: a stage's
 # cache key leaves it out (eaglet.cache), so changing it reuses every finished stage. The UI
 # form's schema carries the mark too.
-CACHE_NEUTRAL = {"cache_neutral": True}
+CACHE_NEUTRAL: JsonDict = {"cache_neutral": True}
 
 
 def is_cache_neutral(field: FieldInfo) -> bool:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eaglet.draft.methods.registry import DEFAULT_METHOD
 from eaglet.draft.sampled import sampled_summary
 from eaglet.records.io import record_file_problems
 from eaglet.run_report import RUN_FILE
@@ -145,7 +146,7 @@ def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
     if (evaluate := stages[writer_of(REPORT_FILE)])["status"] == "complete":
         report = json.loads((Path(evaluate["path"]) / REPORT_FILE).read_text())
         evaluation = {
-            "method": report["draft"].get("method", "eagle3"),
+            "method": report["draft"].get("method", DEFAULT_METHOD),
             "tau": report["tau"],
             "untrained_tau": report["untrained_tau"],
             **({"emitted_tau": report["emitted_tau"]} if "emitted_tau" in report else {}),

@@ -215,7 +215,7 @@ def test_adding_a_draft_method_is_its_module_and_one_registry_line(tmp_path):
         "from eaglet.draft.methods.eagle3 import Eagle3Method\n\n\n"
         'class ToyMethod(Eagle3Method):\n    name = "toy"\n\n\nMETHOD = ToyMethod()\n'
     )
-    registry = methods / "__init__.py"
+    registry = methods / "registry.py"
     text = registry.read_text()
     line = '    "dflash": "eaglet.draft.methods.dflash",\n'
     assert line in text
@@ -225,7 +225,24 @@ def test_adding_a_draft_method_is_its_module_and_one_registry_line(tmp_path):
         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.startswith("ok ['dflash', 'eagle3', 'peagle', 'toy']")
+    assert result.stdout.startswith("ok ['dflash', 'dspark', 'eagle3', 'peagle', 'toy']")
+
+
+def test_the_method_seam_names_no_any():
+    """What the trainer and evaluator hand a method, and what it gives back, is typed: no
+    `Any` in the seam module (the type checker in `make lint` checks each method against it),
+    and each method module's `METHOD` is declared a `DraftMethod` so that it is checked."""
+    base = ROOT / "eaglet" / "draft" / "methods" / "base.py"
+    tree = ast.parse(base.read_text(encoding="utf-8"))
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert "Any" not in names
+    from eaglet.draft.methods import METHODS
+
+    for module in METHODS.values():
+        path = ROOT.joinpath(*module.split(".")).with_suffix(".py")
+        source = path.read_text(encoding="utf-8")
+        assert re.search(r"^METHOD: DraftMethod = ", source, re.M), module
 
 
 # --- the tests themselves: each test module stands alone; a bound on seconds runs alone --------

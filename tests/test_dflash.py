@@ -20,7 +20,7 @@ import torch
 
 from eaglet.config import load_config
 from eaglet.draft.methods import draft_method, method_of_draft
-from eaglet.draft.methods.dflash import BlockDrafter
+from eaglet.draft.methods.block import BlockDrafter
 from eaglet.draft.methods.dflash_model import DFlashConfig, DFlashDraft, block_mask
 
 H, V = 64, 50
@@ -117,11 +117,11 @@ def test_the_checkpoint_is_vllms_dflash_layout_and_loads_back(tmp_path):
 
 def test_layer_ids_and_settings_are_checked():
     method = draft_method("dflash")
-    assert method.layer_ids(None, 8, None) == [2, 4, 5]  # EAGLE-3's default: shared shards
-    assert method.layer_ids([1, 3, 5, 7], 8, None) == [1, 3, 5, 7]
+    assert method.layer_ids(None, 8) == [2, 4, 5]  # EAGLE-3's default: shared shards
+    assert method.layer_ids([1, 3, 5, 7], 8) == [1, 3, 5, 7]
     for bad in ([3, 1], [0, 4], [2, 8], [2, 2]):
         with pytest.raises(ValueError):
-            method.layer_ids(bad, 8, None)
+            method.layer_ids(bad, 8)
     config = load_config(None, ["train.method=dflash", "evaluate.num_speculative_tokens=7"])
     [problem] = method.problems(config, {"vocab_size": V})
     assert "block_size=5" in problem and "evaluate.num_speculative_tokens=7" in problem

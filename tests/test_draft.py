@@ -6,22 +6,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eaglet.draft.checkpoint import (
-    load_draft,
-    load_training_state,
-    save_draft,
-    save_training_state,
+from eaglet.draft.checkpoint import load_training_state, save_training_state
+from eaglet.draft.methods.eagle3_checkpoint import load_draft, save_draft
+from eaglet.draft.methods.eagle3_model import (
+    TTT,
+    Eagle3Config,
+    Eagle3Draft,
+    ttt_attention,
+    ttt_attention_mask,
 )
-from eaglet.draft.model import TTT, Eagle3Config, Eagle3Draft, ttt_attention, ttt_attention_mask
+from eaglet.draft.methods.eagle3_ttt import ttt_loss, ttt_start, ttt_unroll
+from eaglet.draft.methods.loss import position_loss, target_in_vocab, target_probs
 from eaglet.draft.train_data import epoch_batches
-from eaglet.draft.ttt_loss import (
-    position_loss,
-    target_in_vocab,
-    target_probs,
-    ttt_loss,
-    ttt_start,
-    ttt_unroll,
-)
 from eaglet.draft.vocab import DraftVocab, build_draft_vocab, count_tokens
 
 H, V, VD = 32, 50, 20
@@ -243,7 +239,7 @@ def test_later_steps_from_ttt_start_give_the_whole_unrolls_loss_and_gradients(dr
     whole_loss, whole_stats, whole_grads = loss_and_grads(0)
     part_loss, part_stats, part_grads = loss_and_grads(start)
     torch.testing.assert_close(part_loss, whole_loss, rtol=1e-10, atol=1e-12)
-    assert part_stats["count"] == whole_stats["count"] and sum(whole_stats["count"]) > 0
+    assert part_stats.count == whole_stats.count and sum(whole_stats.count) > 0
     for name, grad in whole_grads.items():
         torch.testing.assert_close(part_grads[name], grad, rtol=1e-8, atol=1e-12, msg=name)
     with pytest.raises(ValueError, match="before start"):  # a start past a counted index
@@ -425,7 +421,7 @@ def test_loss_mask_shift_at_reasoning_answer_boundary():
     assert trained[0] == [2, 3, 4, 6]
     # step 1: t=1 predicts x_4 -> trained, t=0 not; t=4 dropped (target at 6); t=6 past length.
     assert trained[1] == [1, 2, 3, 5]
-    assert stats["count"] == [4, 4]
+    assert stats.count == [4, 4]
 
     # gradient of the soft cross-entropy at step 0, t=2: (softmax(q) - p_target[3]) / count
     q = step_logits[0].detach()[0, 2].softmax(-1)
@@ -489,7 +485,7 @@ def test_global_denominators_split_a_batch_without_changing_its_gradient():
             loss_mask[rows],
             lengths[rows],
             0.8,
-            denominators=stats["count"],
+            denominators=stats.count,
         )
         part.backward()
         halves += part.item()

@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eaglet.draft.checkpoint import config_from_json, load_draft
-from eaglet.draft.model import Eagle3Config, Eagle3Draft, ttt_attention_mask
-from eaglet.draft.ttt_loss import ttt_unroll
+from eaglet.draft.methods.eagle3_checkpoint import config_from_json, load_draft
+from eaglet.draft.methods.eagle3_model import Eagle3Config, Eagle3Draft, ttt_attention_mask
+from eaglet.draft.methods.eagle3_ttt import ttt_unroll
 
 H, V, VD = 32, 50, 20
 

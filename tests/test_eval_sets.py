@@ -68,8 +68,8 @@ def untrained_draft(folder, fixture_model_dir):
     (badly), and the figures are counted the same way as a trained one's."""
     import torch
 
-    from eaglet.draft.checkpoint import save_draft
-    from eaglet.draft.model import Eagle3Config, Eagle3Draft
+    from eaglet.draft.methods.eagle3_checkpoint import save_draft
+    from eaglet.draft.methods.eagle3_model import Eagle3Config, Eagle3Draft
 
     cfg = json.loads((fixture_model_dir / "config.json").read_text())
     torch.manual_seed(0)
@@ -120,7 +120,7 @@ def test_eaglet_eval_measures_a_published_format_draft_without_training(
 ):
     """A draft in speculators' layout (as a speculators user publishes one) and eaglet's own
     folder of the same weights give the same figures on the same prompts."""
-    from eaglet.draft.export import SPECULATORS_FOLDER, write_speculators_export
+    from eaglet.draft.methods.eagle3_exports import SPECULATORS_FOLDER, write_speculators_export
     from eaglet.fixture.sample_data import gsm8k_rows
     from tests.conftest import run_cli
 
@@ -238,3 +238,40 @@ def test_eaglet_eval_refuses_what_it_cannot_score_in_one_line(tmp_path, fixture_
 
     assert "is not a draft" in refused(fixture_model_dir, *common)
     assert "no --config" in refused(draft)  # tmp_path holds no demo
+
+
+@pytest.mark.slow  # decodes with the fixture target
+@pytest.mark.parametrize("method", ["dflash", "dspark"])
+def test_eaglet_eval_reads_a_block_drafters_speculators_layout(method, tmp_path, fixture_model_dir):
+    """A DFlash or DSpark draft's speculators layout (speculators 0.9.0's `dflash`, `dspark`;
+    no eaglet label in it) and its vLLM export give the same figures in `eaglet eval`."""
+    from eaglet.config import TargetConfig, load_config
+    from eaglet.draft.methods import draft_method
+    from eaglet.draft.target_head import load_target_head
+    from eaglet.fixture.sample_data import gsm8k_rows
+    from tests.conftest import run_cli
+
+    target = TargetConfig(model=str(fixture_model_dir))
+    block = {"dflash": 3, "dspark": 2}[method]  # two drafts a round either way
+    train = load_config(None, [f"train.method={method}", f"train.{method}.block_size={block}"])
+    chosen = draft_method(method)
+    draft = chosen.build(load_target_head(target), train.train, None, [2, 4, 5])
+    chosen.save(draft, tmp_path / "draft", [2, 4, 5], "hf_hidden_states_index")
+    exports = chosen.exports(tmp_path / "draft", target, 2)
+    sets = f"evaluate.sets=[{{name: gsm8k, path: {write(tmp_path, 'gsm8k', gsm8k_rows(0, 3))}}}]"
+    common = ["--set", f"target.model={fixture_model_dir}", "--set", sets,
+              "--set", "evaluate.max_new_tokens=16", "--set", "evaluate.num_speculative_tokens=2",
+              "--json"]  # fmt: skip
+    figures = {}
+    for engine, folder in exports.items():
+        result = run_cli(["eval", str(tmp_path / folder), *common], cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+        figures[engine] = json.loads(result.stdout[result.stdout.index("{") :])["sets"]["gsm8k"]
+    assert figures["speculators"]["method"] == figures["vllm"]["method"] == method
+    assert figures["speculators"]["prompts_sha256"] == figures["vllm"]["prompts_sha256"]
+    assert figures["speculators"]["tau"] == figures["vllm"]["tau"]
+    assert figures["speculators"]["rounds"] == figures["vllm"]["rounds"] > 0
+    assert (
+        figures["speculators"]["per_position_acceptance"]
+        == figures["vllm"]["per_position_acceptance"]
+    )

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from eaglet.config import TargetConfig
-from eaglet.draft.checkpoint import load_draft
 from eaglet.draft.evaluate import evaluate_draft, greedy_generate, load_target, speculative_generate
-from eaglet.draft.export import SGLANG_FOLDER, SPECULATORS_FOLDER, write_exports
+from eaglet.draft.methods.eagle3_checkpoint import load_draft
+from eaglet.draft.methods.eagle3_exports import SGLANG_FOLDER, SPECULATORS_FOLDER, write_exports
 from eaglet.draft.rejection import Sampling
 from tests.train_helpers import AUX_IDS, random_prompts
 

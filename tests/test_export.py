@@ -13,20 +13,20 @@ from safetensors.torch import load_file
 from transformers import Qwen3Config
 
 from eaglet.config import TargetConfig
-from eaglet.draft.checkpoint import (
+from eaglet.draft.evaluate import resolve_aux_ids
+from eaglet.draft.methods.eagle3_checkpoint import (
     SGLANG_AUX_LAYER_CONVENTION,
     aux_layer_ids,
     load_draft,
     save_draft,
 )
-from eaglet.draft.evaluate import resolve_aux_ids
-from eaglet.draft.export import (
+from eaglet.draft.methods.eagle3_exports import (
     SGLANG_FOLDER,
     SPECULATORS_FOLDER,
     vllm_to_sglang_ids,
     write_exports,
 )
-from eaglet.draft.model import Eagle3Config, Eagle3Draft
+from eaglet.draft.methods.eagle3_model import Eagle3Config, Eagle3Draft
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
 
 IDS = [2, 5, 9]

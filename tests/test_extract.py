@@ -11,7 +11,7 @@ import json
 import torch
 
 from eaglet.config import ReasoningConfig, TargetConfig
-from eaglet.draft.ttt_loss import shift_left
+from eaglet.draft.methods.loss import shift_left
 from eaglet.extract import (
     _SPAN_STYLE,
     SERVER_TEXT_SHOWN,

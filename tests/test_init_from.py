@@ -19,9 +19,9 @@ from transformers import AutoConfig
 
 from eaglet.cache import stage_key
 from eaglet.config import PipelineConfig, TargetConfig, load_config
-from eaglet.draft.checkpoint import load_draft
-from eaglet.draft.export import SGLANG_FOLDER, SPECULATORS_FOLDER, write_exports
 from eaglet.draft.init_from import StartingDraftError, read_starting_draft
+from eaglet.draft.methods.eagle3_checkpoint import load_draft
+from eaglet.draft.methods.eagle3_exports import SGLANG_FOLDER, SPECULATORS_FOLDER, write_exports
 from eaglet.draft.train import train_draft
 from eaglet.preflight import PreflightReport, check_init_from
 from tests.train_helpers import AUX_IDS, CONVENTION, HIDDEN, VOCAB, make_target, settings

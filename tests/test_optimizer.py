@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from eaglet.draft.checkpoint import load_training_state, save_training_state
-from eaglet.draft.model import Eagle3Config, Eagle3Draft
+from eaglet.draft.methods.eagle3_model import Eagle3Config, Eagle3Draft
 from eaglet.draft.optimizer import make_optimizer, muon_groups, orthogonalize
 from eaglet.draft.vocab import build_draft_vocab
 

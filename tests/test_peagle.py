@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import torch
 
 from eaglet.draft.methods import draft_method, method_of_draft
+from eaglet.draft.methods.eagle3_model import Eagle3Config
+from eaglet.draft.methods.eagle3_ttt import ttt_unroll
 from eaglet.draft.methods.peagle import ParallelDrafter, ParallelEagle3Draft
-from eaglet.draft.model import Eagle3Config
-from eaglet.draft.ttt_loss import ttt_unroll
 
 H, V = 64, 40
 

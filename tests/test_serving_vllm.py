@@ -28,7 +28,7 @@ import torch
 
 from eaglet.config import EvaluateConfig, TargetConfig, load_config
 from eaglet.draft.evaluate import evaluate_draft, evaluation_report
-from eaglet.draft.export import SPECULATORS_FOLDER
+from eaglet.draft.methods.eagle3_exports import SPECULATORS_FOLDER
 from eaglet.draft.rejection import verify
 from eaglet.draft.serving import ServingGapError, served_acceptance, speculative_config
 from eaglet.records.io import read_jsonl

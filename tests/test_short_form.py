@@ -98,4 +98,6 @@ def test_every_work_pool_deployment_names_a_flow_that_loads():
         for d in spec["deployments"]
     }
     assert flows["pipeline-short-form"].name == short_form.name
-    assert {f.name for f in flows.values()} == {"eaglet-pipeline", "eaglet-pipeline-short-form"}
+    assert {f.name for f in flows.values()} == {
+        "eaglet-pipeline", "eaglet-pipeline-short-form", "eaglet-watch", "eaglet-refresh",
+    }  # fmt: skip

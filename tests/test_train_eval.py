@@ -16,18 +16,13 @@ import torch
 from safetensors.torch import load_file
 
 from eaglet.config import TargetConfig, TrainConfig
-from eaglet.draft.checkpoint import load_draft
-from eaglet.draft.evaluate import (
-    evaluate_draft,
-    load_target,
-    plot_acceptance,
-    propose,
-    target_forward,
-)
+from eaglet.draft.evaluate import evaluate_draft, load_target, plot_acceptance, target_forward
 from eaglet.draft.heldout_tau import HeldoutTau, heldout_prompts
+from eaglet.draft.methods.eagle3 import propose
+from eaglet.draft.methods.eagle3_checkpoint import load_draft
+from eaglet.draft.methods.eagle3_ttt import ttt_unroll
 from eaglet.draft.train import setup, train_draft, train_step
 from eaglet.draft.train_data import HiddenStatesData, epoch_order, length_groups, micro_batches
-from eaglet.draft.ttt_loss import ttt_unroll
 from eaglet.errors import NonFiniteError
 from eaglet.records.examples import Example
 from tests.train_helpers import (

@@ -33,7 +33,7 @@ from eaglet.config.reasoning import ReasoningConfig
 from eaglet.config.refresh import RefreshConfig
 from eaglet.config.target import TargetConfig
 from eaglet.config.tokenize import TokenizeConfig
-from eaglet.config.train import DFlashSettings, TrainConfig
+from eaglet.config.train import DFlashSettings, DSparkSettings, TrainConfig
 from eaglet.config_fields import bounds_text, is_cache_neutral  # re-exported (docs, tests)
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "FLAT_BACKEND_KEYS",
     "ConfigError",
     "DFlashSettings",
+    "DSparkSettings",
     "DatasetSpec",
     "EvalSet",
     "EvaluateConfig",

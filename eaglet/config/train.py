@@ -1,6 +1,6 @@
 """`train`: the draft method, its shape and variants, the optimizer and schedule, held-out
-samples, where and how training runs (`TrainConfig`), and DFlash's own settings
-(`train.dflash`, `DFlashSettings`).
+samples, where and how training runs (`TrainConfig`); the block drafters' own sections
+(`train.dflash`, `train.dspark`) are their settings modules' (`eaglet.draft.methods.settings`).
 """
 
 from __future__ import annotations
@@ -10,49 +10,26 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from eaglet.config_fields import CACHE_NEUTRAL, Strict
-from eaglet.draft.methods import MethodName
-
-
-class DFlashSettings(Strict):
-    model_config = ConfigDict(title="DFlash draft")  # the UI form's heading
-
-    block_size: int = Field(
-        5,
-        ge=2,
-        le=33,
-        description="Tokens per block: the target's token and block_size - 1 masks, so each "
-        "round drafts block_size - 1 tokens (vLLM's num_speculative_tokens; "
-        "evaluate.num_speculative_tokens must equal it).",
-    )
-    num_layers: int = Field(
-        2, ge=1, le=16, description="Draft decoder layers (2 on the demo: τ 3.56; 1: τ 1.38)."
-    )
-    anchors: int = Field(
-        32,
-        ge=1,
-        le=4096,
-        description="Blocks trained per sequence per step, their anchors drawn among the "
-        "positions whose next token is model output.",
-    )
-    mask_token_id: int | None = Field(
-        None,
-        ge=0,
-        description="The token id of the mask slots (its embedding is the target's). Blank: the "
-        "target's pad token, else its last token id.",
-    )
+from eaglet.draft.methods.registry import DEFAULT_METHOD, MethodName
+from eaglet.draft.methods.settings import DFlashSettings, DSparkSettings
 
 
 class TrainConfig(Strict):
     model_config = ConfigDict(title="Draft training")  # the UI form's heading
 
     method: MethodName = Field(
-        "eagle3",
+        DEFAULT_METHOD,
         description="The draft method: eagle3 (a chain of k one-token steps, training-time "
         "test), peagle (EAGLE-3 trained for vLLM's parallel_drafting: k tokens in one pass, "
-        "k <= train.ttt_length) or dflash (a block of k tokens in one pass; train.dflash).",
+        "k <= train.ttt_length), dflash (a block of k tokens in one pass; train.dflash) or "
+        "dspark (a block of k tokens in one pass, then a Markov head drafting them left to "
+        "right; train.dspark).",
     )
     dflash: DFlashSettings = Field(
         default_factory=DFlashSettings, description="DFlash: used with train.method=dflash."
+    )
+    dspark: DSparkSettings = Field(
+        default_factory=DSparkSettings, description="DSpark: used with train.method=dspark."
     )
     epochs: int = Field(
         8,

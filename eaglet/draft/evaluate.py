@@ -1,4 +1,4 @@
-"""Offline evaluation of a draft: acceptance length tau under greedy chain speculation.
+"""Offline evaluation of a draft: acceptance length tau under speculation, greedy or sampled.
 
 Owns `evaluate_draft` (a trained draft, and beside it a freshly initialised draft with the same
 config and vocab for the trained-vs-untrained comparison, tau for every k = 1..K) and
@@ -7,13 +7,13 @@ round emits one token) and the same for every draft of one shape on one target a
 with `untrained_cache` it is run once and read back (`untrained_key`).
 
 One round, batch 1: the target's forward over the sequence x_0..x_{L-1} gives its aux features
-and its greedy next token x_L; the draft runs step 0 over every index (feeding x_{t+1}, x_L at the
-last) and k-1 more steps at the last index with its own hidden state and its own tokens - the
-same `Eagle3Draft.forward` that training unrolls; the target checks the k drafted tokens greedily
-and the round emits x_L plus the n accepted ones. tau = mean over rounds of n + 1, which is vLLM's
-1 + accepted / drafts; like vLLM it credits drafts accepted past the stop token in a request's
-last round, and runs no round once the target's own token is the stop. `emitted_tau` is the
-output tokens per round, which speed follows (the same figure served: `serving.emitted_tau`).
+and its greedy next token x_L; the draft's method proposes k tokens after x_L as vLLM does for
+it (`DraftMethod.drafter`: EAGLE-3's chain, P-EAGLE's mask slots, a block drafter's block); the
+target checks the k drafted tokens greedily and the round emits x_L plus the n accepted ones.
+tau = mean over rounds of n + 1, which is vLLM's 1 + accepted / drafts; like vLLM it credits
+drafts accepted past the stop token in a request's last round, and runs no round once the
+target's own token is the stop. `emitted_tau` is the output tokens per round, which speed
+follows (the same figure served: `serving.emitted_tau`).
 Speculation must reproduce plain greedy decoding; `outputs_match_greedy` records that it did.
 
 With `use_cache` (the default) both models keep a KV cache: the target reads only the k + 1
@@ -35,15 +35,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from eaglet.config.evaluate import EvaluateConfig
 from eaglet.config.target import TargetConfig
 from eaglet.cpu_threads import apply_threads
 from eaglet.draft import rejection
-from eaglet.draft.checkpoint import aux_layer_ids as draft_aux_layer_ids
-from eaglet.draft.methods import draft_method, method_of_draft
-from eaglet.draft.model import Eagle3Draft, KVCache, ttt_attention_mask
+from eaglet.draft.methods import DEFAULT_METHOD, draft_method, method_of_draft
 from eaglet.draft.rejection import Sampling
 from eaglet.draft.sampled import DRAFT_SAMPLING
 from eaglet.draft.segments import (
@@ -83,10 +80,10 @@ def resolve_aux_ids(
     draft_config: dict, aux_layer_ids: list[int] | None, where: Path | str = "config.json"
 ) -> list[int]:
     """HF hidden_states indices to feed the draft: the given ids, else the draft's own (any
-    export: the convention label in its config says how to read them)."""
+    export: its method reads them, in the convention its config names)."""
     if aux_layer_ids is not None:
         return list(aux_layer_ids)
-    return draft_aux_layer_ids(draft_config, where)
+    return method_of_draft(draft_config).draft_layer_ids(draft_config, where)
 
 
 def finite(logits: torch.Tensor, position: int) -> torch.Tensor:
@@ -148,67 +145,6 @@ class TargetRunner:
         del self.seq[length:]
         if self.cache is not None and self.cache.get_seq_length() > length:
             self.cache.crop(length - self.cache.get_seq_length())  # negative: drop that many
-
-
-class Drafter:
-    """Chain proposals of one draft along one sequence. With `use_cache` the step-0 keys and
-    values of positions already seen are kept, so a round computes step 0 only for the new
-    positions (their input tokens and aux features are final once the target accepted them)."""
-
-    def __init__(self, draft: Eagle3Draft, embed: torch.Tensor, use_cache: bool):
-        self.draft, self.embed, self.use_cache = draft, embed, use_cache
-        self.step0: tuple[torch.Tensor, torch.Tensor] | None = None  # [1, kv, done, D] each
-        self.done = 0  # positions whose step-0 keys are in self.step0
-
-    @torch.no_grad()
-    def first_step(self, ids: list[int], aux: torch.Tensor, next_token: int):
-        """Step 0 over the positions not seen yet: the last index's output [1, 1, H] (it drafts
-        the first token) and every step-0 key and value so far ([1, kv, L, D] each)."""
-        draft, device, L = self.draft, aux.device, len(ids)
-        start = self.done if self.use_cache else 0
-        past: KVCache = [self.step0] if start and self.step0 is not None else []
-        inputs = torch.tensor([ids[start + 1 :] + [next_token]], device=device)  # x_{t+1}
-        positions = torch.arange(start, L, device=device)[None]  # [1, L - start]
-        new = L - start
-        seen = torch.ones(new, start, dtype=torch.bool, device=device)
-        # new queries see every earlier step-0 key and, causally, each other
-        mask = torch.cat([seen, ttt_attention_mask(new, 0, device)], dim=-1)
-        fused = draft.fuse(aux[None, start:L])
-        hidden, cache = draft(F.embedding(inputs, self.embed), fused, positions, past, mask)
-        step0 = (torch.cat([kv[0] for kv in cache], 2), torch.cat([kv[1] for kv in cache], 2))
-        if self.use_cache:
-            self.step0, self.done = step0, L
-        return hidden[:, -1:], step0
-
-    @torch.no_grad()
-    def propose(self, ids: list[int], aux: torch.Tensor, next_token: int, k: int) -> list[int]:
-        """k drafted target token ids following x_L; `ids` = x_0..x_{L-1}, `aux` [L, 3H]."""
-        draft, device, L = self.draft, aux.device, len(ids)
-        hidden, step0 = self.first_step(ids, aux, next_token)  # only the last index drafts
-        cache = [step0]
-        tokens: list[int] = []
-        for i in range(1, k + 1):
-            draft_id = draft.compute_logits(hidden)[0, -1].argmax()
-            tokens.append(int(draft.to_target_ids(draft_id)))
-            if i == k:
-                break
-            token = torch.tensor([[tokens[-1]]], device=device)  # [1, 1]
-            position = torch.tensor([[L - 1 + i]], device=device)  # step i sits at t + i
-            # the last index sees every step-0 key and its own keys of steps 1..i: nothing masked
-            hidden, cache = draft(F.embedding(token, self.embed), hidden, position, cache, None)
-        return tokens
-
-
-def propose(
-    draft: Eagle3Draft,
-    embed: torch.Tensor,  # [V, H]
-    ids: list[int],  # x_0..x_{L-1}
-    aux: torch.Tensor,  # [L, 3H]
-    next_token: int,  # x_L, the target's greedy token
-    k: int,
-) -> list[int]:
-    """k drafted target token ids following x_L (no cache: step 0 over the whole sequence)."""
-    return Drafter(draft, embed, use_cache=False).propose(ids, aux, next_token, k)
 
 
 @torch.no_grad()
@@ -316,7 +252,7 @@ def speculative_generate(
 
 
 def evaluate_loaded(
-    draft: Eagle3Draft,  # moved to the target's device and dtype: pass a copy to keep it as is
+    draft: torch.nn.Module,  # moved to the target's device and dtype: pass a copy to keep it
     target,
     prompts: list[list[int]],
     references: list[list[int]] | None,  # plain greedy output per prompt; None when sampled
@@ -608,7 +544,7 @@ def plot_acceptance(report: dict, path: Path, sampled: dict | None = None) -> No
         ylabel="acceptance rate",
         ylim=(0, 1),
         xticks=xs,
-        title=f"{report.get('method', 'eagle3')} draft: tau = {report['tau']:.2f} over "
+        title=f"{report.get('method', DEFAULT_METHOD)} draft: tau = {report['tau']:.2f} over "
         f"{report['num_rounds']} rounds",
     )
     fig.legend(loc="outside lower center", ncols=2, fontsize="small", frameon=False)

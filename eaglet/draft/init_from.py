@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from eaglet.config.train import TrainConfig
-from eaglet.draft.checkpoint import aux_layer_ids, config_from_json, load_draft
-from eaglet.draft.model import ARCHITECTURE_VARIANTS, Eagle3Config, Eagle3Draft
+from eaglet.draft.methods.eagle3_checkpoint import aux_layer_ids, config_from_json, load_draft
+from eaglet.draft.methods.eagle3_model import ARCHITECTURE_VARIANTS, Eagle3Config, Eagle3Draft
 from eaglet.draft.vocab import DraftVocab
 from eaglet.hidden_states.layers import default_aux_layer_ids
 

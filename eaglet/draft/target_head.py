@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 from safetensors import safe_open
@@ -23,13 +24,30 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
+class TargetNumbers(TypedDict):
+    """The numbers of the target's config a draft is built from and checked against."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    vocab_size: int
+    pad_token_id: int | None
+    num_hidden_layers: int
+    tie_word_embeddings: bool
+
+
 @dataclass
 class TargetHead:
     """Frozen embeddings, lm_head and the config numbers the draft copies."""
 
     embed: torch.Tensor  # [V, H]
     lm_head: torch.Tensor  # [V, H]
-    config: dict
+    config: TargetNumbers
 
 
 def _rope_theta(cfg) -> float:
@@ -38,7 +56,7 @@ def _rope_theta(cfg) -> float:
     return float(params.get("rope_theta") or getattr(cfg, "rope_theta", None) or 10000.0)
 
 
-def head_config(cfg) -> dict:
+def head_config(cfg) -> TargetNumbers:
     """The numbers of a transformers (text) config the draft is built from."""
     heads = cfg.num_attention_heads
     return {

@@ -42,8 +42,8 @@ from eaglet.cpu_threads import apply_threads
 from eaglet.draft.checkpoint import load_training_state, save_training_state
 from eaglet.draft.heldout_tau import HeldoutTau
 from eaglet.draft.init_from import load_starting_draft, read_starting_draft
-from eaglet.draft.methods import draft_method
-from eaglet.draft.methods.base import DraftMethod
+from eaglet.draft.methods import DEFAULT_METHOD, draft_method
+from eaglet.draft.methods.base import DraftMethod, TrainingView
 from eaglet.draft.optimizer import make_optimizer
 from eaglet.draft.schedule import warmup_cosine
 from eaglet.draft.target_head import TargetHead, load_target_head
@@ -67,7 +67,10 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def plot_loss(
-    metrics: list[dict], path: Path, heldout: list[dict] | None = None, method: str = "eagle3"
+    metrics: list[dict],
+    path: Path,
+    heldout: list[dict] | None = None,
+    method: str = DEFAULT_METHOD,
 ) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -151,9 +154,8 @@ class Run:
     draft: torch.nn.Module
     optimizer: torch.optim.Optimizer
     schedule: torch.optim.lr_scheduler.LambdaLR
-    embed: torch.Tensor  # [V, H], the target's
+    view: TrainingView  # what the method's loss reads: settings, draft, the target's matrices
     lm_head: torch.Tensor  # [V, H], the target's
-    draft_lm_head: torch.Tensor  # [Vd, H], lm_head rows of the draft vocab
     t2d: torch.Tensor  # bool [V]
     steps_per_epoch: int
     total_steps: int
@@ -371,7 +373,7 @@ def setup(
 
     steps_per_epoch, total_steps, stop_at, fingerprint = count_steps(data, config)
     head = load_checked_head(target, data, len(aux_layer_ids))
-    method.layer_ids(aux_layer_ids, head.config["num_hidden_layers"], config)  # checks them
+    method.layer_ids(aux_layer_ids, head.config["num_hidden_layers"])  # checks them
     resuming = resume and (out_dir / "state" / "state.json").exists()
     start, brought = starting_draft(config, head, aux_layer_ids) if not resuming else (None, None)
     vocab = start_vocab(
@@ -388,6 +390,11 @@ def setup(
     log.info("draft vocab %d ids, coverage %.4f", vocab.size, vocab.coverage)
 
     embed, lm_head = head.embed.to(device), head.lm_head.to(device)
+    view = TrainingView(
+        settings=config, draft=draft, embed=embed,
+        draft_lm_head=lm_head[vocab.ids.to(device)], device=device,
+        autocast=autocast_dtype(config, device),
+    )  # fmt: skip
     return Run(
         config=config,
         data=data,
@@ -404,9 +411,8 @@ def setup(
         draft=draft,
         optimizer=optimizer,
         schedule=schedule,
-        embed=embed,
+        view=view,
         lm_head=lm_head,
-        draft_lm_head=lm_head[vocab.ids.to(device)],
         t2d=vocab.t2d.to(device),
         steps_per_epoch=steps_per_epoch,
         total_steps=total_steps,
@@ -435,9 +441,9 @@ def heldout_loss(run: Run) -> float:
         for first in range(0, len(data), c.batch_size):
             indices = list(range(first, min(first + c.batch_size, len(data))))
             for b in load_pieces(run, indices, data):
-                _, stats = run.method.piece_loss(run, b, None)
-                sums[0] += torch.tensor(stats["loss_sum"], dtype=torch.float64, device=run.device)
-                sums[1] += torch.tensor(stats["count"], dtype=torch.float64, device=run.device)
+                _, stats = run.method.piece_loss(run.view, b, None)
+                sums[0] += torch.tensor(stats.loss_sum, dtype=torch.float64, device=run.device)
+                sums[1] += torch.tensor(stats.count, dtype=torch.float64, device=run.device)
     finally:
         run.draft.train()
     if run.world > 1:
@@ -467,7 +473,7 @@ def train_step(run: Run, indices: list[int]) -> dict:
 
     run.optimizer.zero_grad(set_to_none=True)
     for b in pieces:
-        loss, stats = run.method.piece_loss(run, b, denominators)
+        loss, stats = run.method.piece_loss(run.view, b, denominators)
         if not bool(torch.isfinite(loss)):  # checked before any step: the weights stay good
             raise NonFiniteError(
                 f"train step {run.step + 1}: the loss is not finite (NaN or inf) on the batch "
@@ -475,8 +481,8 @@ def train_step(run: Run, indices: list[int]) -> dict:
                 "train.lr, or check the hidden states (eaglet inspect --verify)"
             )
         loss.backward()
-        sums[0] += torch.tensor(stats["loss_sum"], dtype=torch.float64, device=run.device)
-        sums[1] += torch.tensor(stats["hits"], dtype=torch.float64, device=run.device)
+        sums[0] += torch.tensor(stats.loss_sum, dtype=torch.float64, device=run.device)
+        sums[1] += torch.tensor(stats.hits, dtype=torch.float64, device=run.device)
         sums[2, 0] += int(b["lengths"].sum())
 
     params = [p for p in run.draft.parameters() if p.requires_grad]

@@ -1,7 +1,7 @@
 """The training data side: the hidden-state shards of one folder read lazily as training
 windows (`HiddenStatesData`), the order of each epoch's global batches, a global batch cut into
 this process's micro-batches of about one length, and those micro-batches collated (right-padded)
-onto the device with the target's in-vocab flags, ready for the loss (eaglet/draft/ttt_loss.py).
+onto the device with the target's in-vocab flags, ready for the method's loss.
 
 Data parallel: every process takes rows rank, rank + world, ... of each global batch. An online
 source (eaglet/draft/online.py) has `HiddenStatesData`'s interface plus `batch_items`.
@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from eaglet.config.train import TrainConfig
-from eaglet.draft.ttt_loss import target_in_vocab
+from eaglet.draft.methods.base import DraftMethod, TrainingView
+from eaglet.draft.methods.loss import target_in_vocab
 from eaglet.draft.vocab import count_tokens
 from eaglet.hidden_states.shards import INDEX, read_window
 
@@ -158,7 +159,8 @@ class TrainingRun(Protocol):
     device: torch.device
     lm_head: torch.Tensor  # [V, H], the target's
     t2d: torch.Tensor  # bool [V]
-    method: Any  # eaglet.draft.methods.base.DraftMethod: `prepare`s each micro-batch
+    method: DraftMethod  # `prepare`s each micro-batch
+    view: TrainingView  # what the method reads of the run
 
 
 MAX_PADDING = 0.5  # a micro-batch's padded size is at most 1.5x its rows' tokens
@@ -232,7 +234,7 @@ def load_pieces(
         batch = {k: v.to(run.device) for k, v in collate(items).items()}
         batch["in_vocab"] = target_in_vocab(batch["final_hidden_states"], run.lm_head, run.t2d)
         batch["windows"] = torch.tensor(chunk)  # which windows of `data`: named on a NaN loss
-        run.method.prepare(run, batch)  # what the method's loss and counts need (its anchors)
+        run.method.prepare(run.view, run.step, batch)  # what its loss and counts need (anchors)
         pieces.append(batch)
     return pieces
 

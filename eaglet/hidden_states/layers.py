@@ -45,4 +45,4 @@ def layer_ids_of(config: PipelineConfig, num_layers: int) -> list[int]:
     from eaglet.draft.methods import draft_method
 
     method = draft_method(config.train.method)
-    return method.layer_ids(config.hidden_states.aux_layer_ids, num_layers, config.train)
+    return method.layer_ids(config.hidden_states.aux_layer_ids, num_layers)

@@ -1,7 +1,8 @@
 """`train`: the draft method's own constraints and settings of another method left set
-(`train.method`, `train.dflash`); `train.init_from`: the starting draft reads this target
-(hidden size, vocabulary) and the layers this run extracts (`eaglet.draft.init_from`), its
-weights are whole and finite, and the train settings it overrides are named.
+(`train.method`, another method's section such as `train.dflash`); `train.init_from`: the
+starting draft reads this target (hidden size, vocabulary) and the layers this run extracts
+(`eaglet.draft.init_from`), its weights are whole and finite, and the train settings it
+overrides are named.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ def check_method(config: PipelineConfig, model_config: Any, report: PreflightRep
     """The draft method's own constraints (`DraftMethod.problems`), and settings of another
     method set away from their defaults: with this method they would do nothing."""
     from eaglet.config.train import TrainConfig
-    from eaglet.draft.methods import draft_method
+    from eaglet.draft.methods import METHODS, draft_method
     from eaglet.draft.target_head import head_config
 
     method = draft_method(config.train.method)
@@ -34,11 +35,13 @@ def check_method(config: PipelineConfig, model_config: Any, report: PreflightRep
                 f"train.{name}={value}: train.method={method.name} does not read it; remove it "
                 f"(or set train.method to the method it belongs to)"
             )
-    if method.name != "dflash" and config.train.dflash != defaults.dflash:
-        found.append(
-            f"train.dflash is set but train.method={method.name}: the settings would do "
-            "nothing; remove them, or set train.method=dflash"
-        )
+    for other in METHODS:  # another method's own section (train.dflash, train.dspark, ...)
+        section = getattr(config.train, other, None)
+        if other != method.name and section is not None and section != getattr(defaults, other):
+            found.append(
+                f"train.{other} is set but train.method={method.name}: the settings would do "
+                f"nothing; remove them, or set train.method={other}"
+            )
     report.problems.extend(f"train.method={method.name}: {p}" for p in found)
     if not found:
         report.passed.append(f"train.method={method.name}: its settings fit this target")

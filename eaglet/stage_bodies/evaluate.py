@@ -13,6 +13,7 @@ from pathlib import Path
 from eaglet.cache import code_hash, stage_config
 from eaglet.config import PipelineConfig
 from eaglet.draft.evaluate import evaluation_report
+from eaglet.draft.methods.registry import DEFAULT_METHOD
 from eaglet.draft.sampled import sampled_summary, sampled_text
 from eaglet.draft.segments import segments_text
 from eaglet.draft.set_evaluation import evaluate_sets
@@ -106,7 +107,7 @@ def run(
     return StageOutput(
         counts={"records": len(heldout)},
         info={
-            "method": trained.get("method", "eagle3"),
+            "method": trained.get("method", DEFAULT_METHOD),
             "tau": trained["tau"],
             "emitted_tau": trained["emitted_tau"],
             "untrained_tau": report["untrained"]["tau"],
@@ -142,7 +143,8 @@ def publish(
     trained, baseline = report["draft"], report["untrained"]
     served = report.get("served")
     line = (
-        f"{trained.get('method', 'eagle3')} draft: acceptance length tau {trained['tau']:.3f} "
+        f"{trained.get('method', DEFAULT_METHOD)} draft: acceptance length tau "
+        f"{trained['tau']:.3f} "
         f"(untrained draft {baseline['tau']:.3f}; "
         f"{trained['emitted_tau']:.3f} output tokens per round) on {prompts} held-out "
         f"prompts, k = {speculative_tokens}"

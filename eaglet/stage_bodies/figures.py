@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from eaglet.draft.methods.registry import DEFAULT_METHOD
 from eaglet.draft.sampled import sampled_text
 from eaglet.draft.segments import segments_text
 from eaglet.run_report import percent, training_line
@@ -61,7 +62,8 @@ def train(manifest: dict[str, Any]) -> str:
     loss = "n/a" if final is None else f"{final:.4f}"
     if final is not None and initial is not None:
         loss += f" (first {initial:.4f})"
-    text = f"{info.get('method', 'eagle3')} draft; final loss {loss}; {info.get('steps', 0)} steps"
+    method = info.get("method", DEFAULT_METHOD)
+    text = f"{method} draft; final loss {loss}; {info.get('steps', 0)} steps"
     if "hidden_states_mode" in info:
         text += f"; {training_line(info)}"
     return text
@@ -72,7 +74,7 @@ def evaluate(manifest: dict[str, Any]) -> str:
     tau, untrained = info.get("tau"), info.get("untrained_tau")
     if tau is None:
         return ""
-    method = info.get("method", "eagle3")
+    method = info.get("method", DEFAULT_METHOD)
     text = f"τ {tau:.3f} ({method}) trained vs {untrained:.3f} untrained"
     if info.get("segments"):
         text += "; " + segments_text(info["segments"], symbol="τ")

@@ -1,5 +1,7 @@
 """The DFlash draft network: a block drafter conditioned on the target's hidden states, as vLLM
-0.32 serves it (`qwen3_dflash.DFlashQwen3ForCausalLM`). Owns the network and nothing else.
+0.32 serves it (`qwen3_dflash.DFlashQwen3ForCausalLM`), and the backbone DSpark adds its Markov
+head to (`eaglet.draft.methods.dspark`, as vLLM's `Qwen3DSparkModel` subclasses it). Owns the
+network and nothing else.
 
 Read top to bottom like a Hugging Face modeling file: config -> attention -> decoder layer ->
 model. Per round the draft sees
@@ -9,10 +11,12 @@ model. Per round the draft sees
   `c = hidden_norm(fc(aux))` [C, H]; each layer turns `c` into its own keys and values
   (`k_norm(k_proj(c))` with RoPE at the context positions, `v_proj(c)`); contexts are never
   queries and pass through no other layer;
-- a block: the token the target just chose at P+1, then K mask tokens at P+2..P+1+K, run
-  through Qwen3 decoder layers (pre-norm, q_norm/k_norm per head, SiLU MLP) whose attention sees
-  the whole context and the whole block, without a causal mask; the mask at P+1+j predicts the
-  token at its own position (draft token j). One forward gives all K drafts.
+- a block of `block_size` tokens: the token the target just chose at P+1, then mask tokens at
+  P+2.., run through Qwen3 decoder layers (pre-norm, q_norm/k_norm per head, SiLU MLP) whose
+  attention sees the whole context and the whole block, without a causal mask. One forward
+  gives all K drafts: DFlash reads slots 1..K (the mask at P+1+j predicts the token at its own
+  position, draft j; K = block_size - 1); a layout that also predicts from the anchor
+  (`first_slot` 0, DSpark's) reads slots 0..K-1 (slot s predicts the token after it).
 
 The embedding and lm_head are the target's (frozen, passed in, never saved): vLLM uses the
 target's when the checkpoint has none. `k_norm` is one module shared by every layer: vLLM
@@ -28,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eaglet.draft.model import RMSNorm, RotaryEmbedding, apply_rotary
+from eaglet.draft.methods.modules import MLP, RMSNorm, RotaryEmbedding, apply_rotary
 
 
 @dataclass
@@ -42,11 +46,21 @@ class DFlashConfig:
     vocab_size: int  # V, the target's
     target_hidden_size: int
     target_layer_ids: list[int]  # eaglet's convention (HF hidden_states[i])
-    block_size: int  # 1 + K: the bonus token and K masks
+    block_size: int  # tokens per block: the bonus token and block_size - 1 masks
     mask_token_id: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 32768
+
+    @property
+    def first_slot(self) -> int:
+        """The block's first slot whose output is a draft: 1, the masks after the bonus."""
+        return 1
+
+    @property
+    def drafts(self) -> int:
+        """K: the tokens one round drafts."""
+        return self.block_size - self.first_slot
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -94,24 +108,13 @@ class BlockAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(B, Q, self.heads * self.head_dim))
 
 
-class MLP(nn.Module):
-    def __init__(self, c: DFlashConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, c: DFlashConfig, k_norm: RMSNorm):
         super().__init__()
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = BlockAttention(c, k_norm)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = MLP(c)
+        self.mlp = MLP(c.hidden_size, c.intermediate_size)
 
     def forward(self, x, context, block_rope, context_rope, mask) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), context, block_rope, context_rope, mask)
@@ -124,6 +127,7 @@ class DFlashDraft(nn.Module):
     `fc.weight`, `hidden_norm.weight`, `norm.weight`); see `checkpoint_tensors`."""
 
     method_name = "dflash"  # eaglet.draft.methods
+    config: DFlashConfig
 
     def __init__(self, config: DFlashConfig):
         super().__init__()
@@ -141,6 +145,11 @@ class DFlashDraft(nn.Module):
     def context(self, aux: torch.Tensor) -> torch.Tensor:
         """[B, C, n * H_t] target states -> [B, C, H]."""
         return self.hidden_norm(self.fc(aux))
+
+    def logits_bias(self, previous: torch.Tensor) -> torch.Tensor | None:
+        """What a draft adds to the logits of the draft after each of `previous` [...] (token
+        ids): [..., V]; None for DFlash, whose drafts do not depend on each other."""
+        return None
 
     def forward(
         self,

@@ -18,16 +18,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from eaglet.draft.checkpoint import config_from_json, save_draft
-from eaglet.draft.evaluate import Drafter
-from eaglet.draft.methods.eagle3 import Eagle3Method
-from eaglet.draft.model import Eagle3Config, Eagle3Draft
+from eaglet.draft.methods.base import (
+    ConfigJson,
+    DraftMethod,
+    TargetModel,
+    TrainingView,
+    mask_token,
+    own,
+)
+from eaglet.draft.methods.eagle3 import ChainDrafter, Eagle3Method
+from eaglet.draft.methods.eagle3_checkpoint import config_from_json, save_draft
+from eaglet.draft.methods.eagle3_model import Eagle3Config, Eagle3Draft
+
+if TYPE_CHECKING:
+    from eaglet.config.pipeline import PipelineConfig
+    from eaglet.config.target import TargetConfig
+    from eaglet.draft.target_head import TargetNumbers
 
 
 class ParallelEagle3Draft(Eagle3Draft):
@@ -45,9 +57,11 @@ class ParallelEagle3Draft(Eagle3Draft):
         return embed[self.mask_token_id], self.fuse(self.mask_hidden[None])[0]
 
 
-class ParallelDrafter(Drafter):
+class ParallelDrafter(ChainDrafter):
     """One round of parallel drafting: the first step as EAGLE-3's (its cache kept across
     rounds), then k - 1 mask slots in one forward, causal among themselves."""
+
+    draft: ParallelEagle3Draft
 
     @torch.no_grad()
     def propose(self, ids: list[int], aux: torch.Tensor, next_token: int, k: int) -> list[int]:
@@ -68,9 +82,11 @@ class ParallelDrafter(Drafter):
 
 class ParallelEagle3Method(Eagle3Method):
     name = "peagle"
-    foreign_settings = ("init_from",)  # training starts from scratch: mask_hidden is new
+    foreign_settings: tuple[str, ...] = (
+        "init_from",
+    )  # training starts from scratch: mask_hidden is new
 
-    def problems(self, config: Any, target: dict[str, Any]) -> list[str]:
+    def problems(self, config: PipelineConfig, target: TargetNumbers) -> list[str]:
         k, steps = config.evaluate.num_speculative_tokens, config.train.ttt_length
         if k > steps:
             return [
@@ -80,16 +96,17 @@ class ParallelEagle3Method(Eagle3Method):
             ]
         return []
 
-    def new_draft(self, head: Any, config: Eagle3Config) -> ParallelEagle3Draft:
-        c = head.config
-        pad, vocab_size = c.get("pad_token_id"), c["vocab_size"]
-        mask = pad if isinstance(pad, int) and 0 <= pad < vocab_size else vocab_size - 1
-        return ParallelEagle3Draft(config, int(mask))
+    def new_draft(self, head: TargetNumbers, config: Eagle3Config) -> ParallelEagle3Draft:
+        return ParallelEagle3Draft(config, mask_token(head))
 
-    def mask_inputs(self, run: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        return run.draft.mask_inputs(run.embed)
+    def mask_inputs(self, view: TrainingView) -> tuple[torch.Tensor, torch.Tensor]:
+        return own(view.draft, ParallelEagle3Draft).mask_inputs(view.embed)
 
-    def save(self, draft: ParallelEagle3Draft, folder: Path, layer_ids: list[int], convention):
+    def reads(self, config: ConfigJson) -> bool:
+        return "pard_token" in config  # vLLM's parallel-drafting mask token
+
+    def save(self, draft: nn.Module, folder: Path, layer_ids: list[int], convention: str) -> Path:
+        draft = own(draft, ParallelEagle3Draft)
         folder = save_draft(draft, folder, layer_ids, convention)  # mask_hidden among tensors
         config = json.loads((folder / "config.json").read_text())
         config["pard_token"] = draft.mask_token_id  # vLLM's parallel-drafting mask token
@@ -97,27 +114,31 @@ class ParallelEagle3Method(Eagle3Method):
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         return folder
 
-    def load(self, folder: Path, device: str | torch.device = "cpu"):
+    def load(
+        self, folder: Path, device: str | torch.device = "cpu"
+    ) -> tuple[ParallelEagle3Draft, dict[str, Any]]:
         folder = Path(folder)
         config = json.loads((folder / "config.json").read_text())
         draft = ParallelEagle3Draft(config_from_json(config), int(config["pard_token"]))
         draft.load_state_dict(load_file(str(folder / "model.safetensors")), strict=True)
         return draft.to(device), config
 
-    def fresh_like(self, draft: ParallelEagle3Draft, seed: int) -> ParallelEagle3Draft:
+    def fresh_like(self, draft: nn.Module, seed: int) -> ParallelEagle3Draft:
+        draft = own(draft, ParallelEagle3Draft)
         torch.manual_seed(seed)
         fresh = ParallelEagle3Draft(Eagle3Config(**draft.config.to_dict()), draft.mask_token_id)
         fresh.set_vocab(draft.d2t, draft.t2d)
         return fresh
 
-    def drafter(self, draft: ParallelEagle3Draft, target: Any, use_cache: bool):
-        return ParallelDrafter(draft, target.get_input_embeddings().weight, use_cache)
+    def drafter(self, draft: nn.Module, target: TargetModel, use_cache: bool) -> ParallelDrafter:
+        embed = target.get_input_embeddings().weight
+        return ParallelDrafter(own(draft, ParallelEagle3Draft), embed, use_cache)
 
-    def speculative_config(self, draft_dir: Path, k: int) -> dict[str, Any]:
+    def speculative_config(self, draft_dir: Path, k: int) -> dict[str, object]:
         return {**super().speculative_config(draft_dir, k), "parallel_drafting": True}
 
-    def exports(self, draft_dir: Path, target: Any, num_speculative_tokens: int) -> dict[str, str]:
+    def exports(self, draft_dir: Path, target: TargetConfig, k: int) -> dict[str, str]:
         return {"vllm": Path(draft_dir).name}  # SGLang and speculators: no parallel drafting
 
 
-METHOD = ParallelEagle3Method()
+METHOD: DraftMethod = ParallelEagle3Method()  # checked against the seam by the type checker

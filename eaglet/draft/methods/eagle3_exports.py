@@ -1,4 +1,4 @@
-"""One export of the trained draft per serving engine, each with the layer ids that engine needs.
+"""EAGLE-3's exports, one per serving engine, each with the layer ids that engine needs.
 
 The train stage writes three folders side by side, each `config.json` + `model.safetensors`:
 
@@ -32,21 +32,21 @@ folder as a plain draft model, which kills the engine at the first request
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
 from eaglet.config.target import TargetConfig
-from eaglet.draft.checkpoint import (
+from eaglet.draft.methods.eagle3_checkpoint import (
     AUX_LAYER_CONVENTION,
     MIDLAYER_PREFIX,
     SGLANG_AUX_LAYER_CONVENTION,
     SPECULATORS_LAYER_PREFIX,
     aux_layer_ids,
 )
-from eaglet.draft.model import ARCHITECTURE_VARIANTS
+from eaglet.draft.methods.eagle3_model import ARCHITECTURE_VARIANTS
+from eaglet.draft.methods.speculators import speculators_section, verifier_name
 from eaglet.storage import atomic_folder
 from eaglet.target import load_config
 
@@ -111,19 +111,9 @@ def speculators_config_json(
         # norm_before_residual to True, while eaglet's layer keeps the un-normed residual
         **{key: bool(config.get(key, False)) for key in ARCHITECTURE_VARIANTS},
         "torch_dtype": config.get("torch_dtype", "float32"),
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": int(num_speculative_tokens),
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures)},
-        },
+        "speculators_config": speculators_section(
+            "eagle3", num_speculative_tokens, verifier, verifier_architectures
+        ),
     }
 
 
@@ -149,17 +139,6 @@ def write_speculators_export(
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(spec, indent=2) + "\n")
     return out_dir
-
-
-def verifier_name(target: TargetConfig, export_dir: Path) -> str:
-    """What an export names as its target: a hub id as it is; a local folder by its path
-    relative to the export folder, never an absolute one (a work dir moved or copied with its
-    target, as the demo's is, still names it; an absolute path would name the old place).
-    Serving such an export as the main model resolves that path from the export folder."""
-    folder = Path(target.model)
-    if not folder.is_dir():
-        return target.model
-    return os.path.relpath(folder.resolve(), Path(export_dir).resolve())
 
 
 def write_exports(

@@ -1,12 +1,12 @@
-"""The training-time-test (TTT) loss: what the target says about each position (its argmax in
-the draft vocab, its distribution over the draft vocab), the draft's multi-step unroll over all
-positions at once, which positions count at each step, and the summed loss with its per-step
-accuracy and counts. Pure tensor functions: no run, no optimizer, no process group.
+"""EAGLE-3's training-time test (TTT): the draft's multi-step unroll over all positions at
+once, where the later steps may start, and the summed loss with its per-step statistics. Pure
+tensor functions: no run, no optimizer, no process group.
 
 Indexing used throughout, for one sample x_0..x_{n-1} with target features g_t = fc(aux_t):
 TTT step i at index t feeds embed(x_{t+1+i}) and (step 0) g_t or (step i > 0) the draft's own
 step-(i-1) output at t, sits at RoPE position t + i, and predicts x_{t+2+i}, whose target
-distribution is softmax(lm_head(final_{t+1+i})) restricted to the draft vocab.
+distribution is softmax(lm_head(final_{t+1+i})) restricted to the draft vocab (the positions
+of `eaglet.draft.methods.loss`).
 """
 
 from __future__ import annotations
@@ -14,44 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from eaglet.draft.model import TTT, Eagle3Draft
-
-# ---------------------------------------------------------------------------- target labels
-
-
-@torch.no_grad()
-def target_in_vocab(
-    final_hidden: torch.Tensor,  # [B, T, H], after the target's final norm
-    lm_head: torch.Tensor,  # [V, H]
-    t2d: torch.Tensor,  # bool [V]
-    chunk: int = 2048,
-) -> torch.Tensor:
-    """Whether the target's argmax is in the draft vocab, bool [B, T]; `chunk` tokens at a time
-    bound the [., V] logits."""
-    B, T, H = final_hidden.shape
-    parts = [
-        t2d[(part @ lm_head.T).argmax(-1)] for part in final_hidden.reshape(B * T, H).split(chunk)
-    ]
-    return torch.cat(parts).view(B, T)
-
-
-@torch.no_grad()
-def target_probs(
-    final_hidden: torch.Tensor,  # [B, T, H]
-    draft_lm_head: torch.Tensor,  # [Vd, H], lm_head rows of the draft vocab's target ids
-) -> torch.Tensor:
-    """The target's distribution restricted to the draft vocab, [B, T, Vd]."""
-    return (final_hidden @ draft_lm_head.T).softmax(-1)
-
-
-# ------------------------------------------------------------------------------ TTT and loss
-
-
-def shift_left(x: torch.Tensor, k: int, length: int | None = None) -> torch.Tensor:
-    """y[:, t] = x[:, t + k], zero past the end; `length` columns (default x's)."""
-    length = x.shape[1] if length is None else length
-    y = x[:, k : k + length]
-    return F.pad(y, (0, 0) * (x.dim() - 2) + (0, length - y.shape[1]))
+from eaglet.draft.methods.eagle3_model import TTT, Eagle3Draft
+from eaglet.draft.methods.loss import PositionStats, counted_positions, position_loss, shift_left
 
 
 def ttt_unroll(
@@ -77,7 +41,8 @@ def ttt_unroll(
     `parallel_drafting` feeds its mask slots; the attention pattern is the same."""
     B, T, _ = hidden.shape
     positions = torch.arange(T, device=hidden.device).expand(B, T)  # [B, T]
-    cache, step_logits = [], []
+    cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+    step_logits = []
     for i in range(ttt_length):
         if i == 1:  # the later steps' indices: start..T-1
             hidden, positions = hidden[:, start:], positions[:, start:]
@@ -106,42 +71,6 @@ def ttt_start(loss_mask: torch.Tensor, ttt_length: int) -> int:
     return max(0, min(int(first_output.min()) - ttt_length - 1, T - 1))
 
 
-def counted_positions(
-    step: int,
-    target_in_vocab: torch.Tensor,  # bool [B, T]
-    loss_mask: torch.Tensor,  # bool [B, T], 1 = token produced by the model
-    lengths: torch.Tensor,  # [B]
-) -> torch.Tensor:
-    """bool [B, T]: TTT step `step` at index t predicts x_{t+2+step} (target distribution at
-    t+1+step); it counts when that token is model output, exists, and the target's argmax there
-    is in the draft vocab."""
-    t = torch.arange(loss_mask.shape[1], device=loss_mask.device)
-    return (
-        (t + 2 + step < lengths[:, None].to(t.device))
-        & shift_left(loss_mask, 2 + step)
-        & shift_left(target_in_vocab, 1 + step)
-    )
-
-
-LOSSES = ("kl", "tv", "kl_tv")
-
-
-def position_loss(
-    p: torch.Tensor,  # [N, Vd], target distribution
-    log_q: torch.Tensor,  # [N, Vd], draft log-probabilities
-    loss: str,
-) -> torch.Tensor:
-    """The summed loss of N positions (see `ttt_loss`)."""
-    if loss not in LOSSES:
-        raise ValueError(f"unknown loss {loss!r}; one of {LOSSES}")
-    total = log_q.new_zeros(())
-    if loss in ("kl", "kl_tv"):
-        total = total - (p * log_q).sum()
-    if loss in ("tv", "kl_tv"):
-        total = total + 0.5 * (p - log_q.exp()).abs().sum()
-    return total
-
-
 def ttt_loss(
     step_logits: list[torch.Tensor],  # per step [B, T, Vd]
     target_probs: torch.Tensor,  # [B, T, Vd], target distribution for the token after t
@@ -152,20 +81,14 @@ def ttt_loss(
     denominators: list[int] | None = None,
     loss: str = "kl",
     start: int = 0,
-) -> tuple[torch.Tensor, dict[str, list[float]]]:
-    """Sum over steps of step_weight**i * the per-position loss, each step averaged over its
-    counted positions (`counted_positions`) — or divided by `denominators[i]`, the count over a
-    whole global batch of which this is one piece (micro-batches, data-parallel shares).
-
-    `loss` per position: `kl`, the soft cross-entropy -sum p log q (forward KL up to the
-    target's entropy); `tv`, the total variation 1/2 sum |p - q|, which is 1 - the chance a
-    sampled draft token is accepted; `kl_tv`, their sum. The logits of steps after the first
-    cover indices start..T-1 (`ttt_unroll`).
-
-    Stats per step: `loss` and `acc` (means over this piece), `count`, and the sums `loss_sum`
-    and `hits` that add up across pieces."""
+) -> tuple[torch.Tensor, PositionStats]:
+    """Sum over steps of step_weight**i * the per-position loss (`position_loss`), each step
+    averaged over its counted positions (`counted_positions`) — or divided by
+    `denominators[i]`, the count over a whole global batch of which this is one piece
+    (micro-batches, data-parallel shares). The logits of steps after the first cover indices
+    start..T-1 (`ttt_unroll`)."""
     total = step_logits[0].new_zeros((), dtype=torch.float32)
-    stats: dict[str, list[float]] = {"loss": [], "acc": [], "count": [], "loss_sum": [], "hits": []}
+    stats = PositionStats()
     for i, logits in enumerate(step_logits):
         b, tt = counted_positions(i, target_in_vocab, loss_mask, lengths).nonzero(as_tuple=True)
         offset = start if i else 0  # index of the logits' first column
@@ -177,10 +100,5 @@ def ttt_loss(
         step_sum = position_loss(p, log_q, loss)
         denominator = max(n if denominators is None else denominators[i], 1)
         total = total + step_weight**i * step_sum / denominator
-        hits = (log_q.argmax(-1) == p.argmax(-1)).sum().item()
-        stats["loss"].append(step_sum.item() / max(n, 1))
-        stats["acc"].append(hits / max(n, 1))
-        stats["count"].append(n)
-        stats["loss_sum"].append(step_sum.item())
-        stats["hits"].append(hits)
+        stats.add(step_sum, int((log_q.argmax(-1) == p.argmax(-1)).sum().item()), n)
     return total, stats

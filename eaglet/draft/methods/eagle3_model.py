@@ -1,8 +1,9 @@
-"""The EAGLE-3 draft model: one Llama-style decoder layer over (token embedding, fused features).
+"""The EAGLE-3 draft network: one Llama-style decoder layer over (token embedding, fused features).
 
 Owns the network and nothing else: no data, no loss, no files. Read top to bottom like a Hugging
-Face modeling file: config -> RMSNorm -> rotary -> attention -> MLP -> decoder layer ("midlayer")
--> model (fc + midlayer + norm + lm_head + the d2t/t2d vocab maps).
+Face modeling file: config -> the training-time-test attention -> attention -> decoder layer
+("midlayer") -> model (fc + midlayer + norm + lm_head + the d2t/t2d vocab maps); the norm, the
+rotary embedding and the MLP are every method's (`eaglet.draft.methods.modules`).
 
 One draft step maps (embedding of the next token, a hidden state) to (a new pre-norm hidden state,
 draft-vocab logits). The hidden input is `fc(aux)` (three target layers fused) at the first step
@@ -22,6 +23,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from eaglet.draft.methods.modules import MLP, RMSNorm, RotaryEmbedding, apply_rotary
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # one (k, v) per earlier step, [B, n_kv, S, D]
 
@@ -53,42 +56,6 @@ class Eagle3Config:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-
-class RotaryEmbedding(nn.Module):
-    """Llama "default" RoPE, rotate-half (neox) layout, as vLLM applies it to this draft."""
-
-    def __init__(self, head_dim: int, theta: float):
-        super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D/2]
-
-    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = position_ids.float()[..., None] * self.inv_freq  # [B, T, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)  # [B, T, D]
-        return emb.cos()[:, None], emb.sin()[:, None]  # [B, 1, T, D] each
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + rotate_half(x) * sin  # [B, heads, T, D]
 
 
 def ttt_attention_mask(
@@ -262,17 +229,6 @@ class Eagle3Attention(nn.Module):
         return self.o_proj(out), (k, v)  # [B, T, H]; this step's rotated k/v for later steps
 
 
-class Eagle3MLP(nn.Module):
-    def __init__(self, config: Eagle3Config):
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class Eagle3DecoderLayer(nn.Module):
     """The "midlayer": pre-norm Llama block whose attention also reads the token embedding."""
 
@@ -283,7 +239,7 @@ class Eagle3DecoderLayer(nn.Module):
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # on hidden input
         self.self_attn = Eagle3Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = Eagle3MLP(config)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size)
 
     def forward(self, embeds, hidden, cos_sin, past_key_values, attention_mask):
         normed = self.hidden_norm(hidden)  # [B, T, H]
@@ -299,6 +255,8 @@ class Eagle3Draft(nn.Module):
     """fc (fuse 3 target layers) -> midlayer -> norm -> lm_head, plus d2t/t2d buffers."""
 
     method_name = "eagle3"  # eaglet.draft.methods
+    d2t: torch.Tensor  # int64 [Vd] (buffers, registered below)
+    t2d: torch.Tensor  # bool [V]
 
     def __init__(self, config: Eagle3Config):
         super().__init__()
