@@ -74,7 +74,7 @@ def main() -> None:
     if not (data / "arith.jsonl").is_file():
         write_sample_data(data, seed=0)
     epochs = load_config(None, []).train.epochs
-    short = max(1, math.floor(epochs * args.fraction))
+    short = max(1, math.ceil(epochs * args.fraction))  # epochs, cut at the steps' fraction
 
     old = train_run("old draft on the old target", demo_overrides(data, args.work_dir / "old",
                                                                     args.old))  # fmt: skip
@@ -84,9 +84,10 @@ def main() -> None:
     print(f"{'old draft on the new target':<34} τ {drifted}  mean {mean:.3f}  (load "
           f"{loadavg()})", flush=True)  # fmt: skip
     refreshed = train_run(
-        f"refreshed ({short} of {epochs} epochs)",
+        f"refreshed ({args.fraction:.2f} of the steps)",
         [*demo_overrides(data, args.work_dir / "refreshed", args.new),
-         f"train.init_from={old['draft']}", f"train.epochs={short}"],
+         f"train.init_from={old['draft']}", "train.init_from_vocab=grow",
+         f"train.epochs={short}", f"train.max_steps={math.floor(old['steps'] * args.fraction)}"],
     )  # fmt: skip
     scratch = train_run(f"from scratch ({epochs} epochs)",
                         demo_overrides(data, args.work_dir / "scratch", args.new))  # fmt: skip

@@ -13,7 +13,8 @@ it still serves the new one, and its promotion (the core of the watch and refres
   set (greedy, the same k), against its τ at training: kept when no set fell by more than
   `refresh.max_drop`.
 - Training again (`retrain_config`): the pipeline for the new target from the current draft
-  (`train.init_from`), on `refresh.samples` samples.
+  (`train.init_from`, its vocabulary grown by the new data's tokens), on `refresh.samples`
+  samples.
 - Promotion (`promote`): a new draft replaces the current one only when its τ on the new target
   beats the current draft's there; `draft.json` is written whole (`write_json_atomic`), so a
   refresh that fails leaves the current draft as it was.
@@ -161,7 +162,9 @@ def verdict(before: dict[str, float], now: dict[str, float], max_drop: float) ->
 def retrain_config(config: PipelineConfig, draft_dir: Path) -> PipelineConfig:
     """The pipeline for the new target, trained from the current draft (`train.init_from`) on
     `refresh.samples` samples (split evenly over the datasets; blank: all)."""
-    starts_from = config.train.model_copy(update={"init_from": str(Path(draft_dir).resolve())})
+    starts_from = config.train.model_copy(
+        update={"init_from": str(Path(draft_dir).resolve()), "init_from_vocab": "grow"}
+    )  # the words the new target uses may be new to the draft
     update: dict[str, Any] = dict(train=starts_from)  # the section, not the stage
     samples = config.refresh.samples
     if samples is not None:

@@ -233,3 +233,41 @@ def test_a_damaged_starting_draft_is_refused_by_the_preflight_naming_the_file(
     assert problem.startswith("train.init_from weights: ") and str(weights) in problem
     expected = {"cut": "cut short", "garbage": "not valid JSON", "nan": "NaN or infinite"}
     assert expected[damage] in problem
+
+
+def test_a_grown_vocabulary_keeps_the_drafts_rows_and_takes_the_targets_for_new_tokens(
+    world, base, tmp_path
+):
+    """`train.init_from_vocab: grow` (a refresh's): the tokens this run's data holds that the
+    starting draft cannot propose join its vocabulary (most frequent first, up to
+    draft_vocab_size), their lm_head rows the target's; its own rows are kept, and training
+    goes on from it."""
+    from eaglet.draft.init_from import grown_vocab, with_vocab
+    from eaglet.draft.target_head import load_target_head
+    from eaglet.draft.vocab import DraftVocab
+
+    start, _ = load_draft(world / "base" / "draft")
+    brought = DraftVocab.from_d2t(start.d2t.clone(), VOCAB)
+    missing = [t for t in range(VOCAB) if t not in set(brought.token_ids)][:3]
+    counts = torch.zeros(VOCAB, dtype=torch.int64)
+    counts[list(brought.token_ids)] = 5
+    counts[missing] = torch.tensor([9, 7, 1])
+    grown = grown_vocab(brought, counts, brought.size + 2)  # room for two of the three
+    assert set(grown.token_ids) == set(brought.token_ids) | set(missing[:2])
+    assert grown.coverage < 1.0  # the third is still out
+
+    head = load_target_head(TargetConfig(model=str(world / "target")))
+    draft = with_vocab(start, grown, head.lm_head)
+    assert draft.config.draft_vocab_size == grown.size == draft.lm_head.weight.shape[0]
+    assert torch.equal(draft.d2t, grown.d2t) and torch.equal(draft.t2d, grown.t2d)
+    row = {t: i for i, t in enumerate(grown.token_ids)}
+    old_row = {t: i for i, t in enumerate(brought.token_ids)}
+    for token in brought.token_ids:
+        assert torch.equal(draft.lm_head.weight[row[token]], start.lm_head.weight[old_row[token]])
+    for token in missing[:2]:
+        assert torch.equal(draft.lm_head.weight[row[token]], head.lm_head[token])
+    assert start.lm_head.weight.shape[0] == brought.size  # the starting draft is untouched
+
+    tuned = fine_tune(world, tmp_path / "grown", world / "base" / "draft",
+                      init_from_vocab="grow")  # fmt: skip
+    assert tuned["initial_loss"] < 2 * base["final_loss"] + 0.5, tuned

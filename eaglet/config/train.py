@@ -129,6 +129,13 @@ class TrainConfig(Strict):
         "indices, sglang = outputs of layer i (one less). auto: eaglet's label, speculators' "
         "format, or EAGLE-3's default when it names none; otherwise the run is refused.",
     )
+    init_from_vocab: Literal["keep", "grow"] = Field(
+        "keep",
+        description="With init_from: keep the starting draft's vocabulary, or grow it by the "
+        "tokens of this run's data it lacks (the most frequent first, up to "
+        "draft_vocab_size), their lm_head rows the target's: a draft that follows a changed "
+        "target (a refresh) can then propose the words the new target uses.",
+    )
     lm_head_init: Literal["random", "target"] = Field(
         "random",
         description="Initial draft lm_head: random, or the target's lm_head rows of the draft "

@@ -28,15 +28,18 @@ and every weight; the train settings for those (`draft_vocab_size`, `intermediat
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from eaglet.config.train import TrainConfig
 from eaglet.draft.methods.eagle3_checkpoint import aux_layer_ids, config_from_json, load_draft
 from eaglet.draft.methods.eagle3_model import ARCHITECTURE_VARIANTS, Eagle3Config, Eagle3Draft
-from eaglet.draft.vocab import DraftVocab
+from eaglet.draft.vocab import DraftVocab, vocab_over
 from eaglet.hidden_states.layers import default_aux_layer_ids
 
 SETTING = "train.init_from"
@@ -144,7 +147,7 @@ def problems(start: StartingDraft, target: dict[str, Any], aux_layer_ids: list[i
 def unused_settings(start: StartingDraft, train: TrainConfig) -> list[str]:
     """The train settings the starting draft overrides, where they differ from what it brings."""
     c, notes = start.config, []
-    if train.draft_vocab_size != c.draft_vocab_size:
+    if train.draft_vocab_size != c.draft_vocab_size and train.init_from_vocab == "keep":
         notes.append(f"draft_vocab_size {train.draft_vocab_size} (it has {c.draft_vocab_size})")
     if train.intermediate_size not in (None, c.intermediate_size):
         notes.append(f"intermediate_size {train.intermediate_size} (it has {c.intermediate_size})")
@@ -171,3 +174,38 @@ def load_starting_draft(
             f"{SETTING} {start.folder}: its d2t and t2d name different draft vocabularies"
         )
     return draft, vocab
+
+
+def grown_vocab(brought: DraftVocab, counts: torch.Tensor, size: int) -> DraftVocab:
+    """`train.init_from_vocab: grow`: the starting draft's vocabulary and the most frequent
+    ids of `counts` ([V], this run's data) it lacks, up to `size` ids in all (never fewer
+    than it brought); ties to the lower id."""
+    have = torch.zeros(len(counts), dtype=torch.bool)  # [V]
+    have[brought.ids] = True
+    missing = counts.masked_fill(have, 0)  # [V]
+    room = max(0, min(size - brought.size, int((missing > 0).sum())))
+    order = torch.sort(-missing, stable=True).indices[:room]
+    return vocab_over(torch.sort(torch.cat([brought.ids, order])).values, counts)
+
+
+def with_vocab(draft: Eagle3Draft, vocab: DraftVocab, target_lm_head: torch.Tensor) -> Eagle3Draft:
+    """`draft` over the larger `vocab` (its own a subset): the lm_head rows of the ids it had
+    kept, those of the new ids the target's (`target_lm_head` [V, H]), its d2t/t2d and
+    `draft_vocab_size` those of `vocab`."""
+    old = DraftVocab.from_d2t(draft.d2t.clone(), vocab.target_vocab_size)
+    if old.token_ids == vocab.token_ids:
+        return draft
+    grown = copy.deepcopy(draft)
+    weight = target_lm_head[vocab.ids].to(draft.lm_head.weight)  # [Vd', H]
+    row_of = {token: row for row, token in enumerate(old.token_ids)}
+    kept = [row_of[t] for t in vocab.token_ids if t in row_of]
+    at = [i for i, t in enumerate(vocab.token_ids) if t in row_of]
+    with torch.no_grad():
+        weight[at] = draft.lm_head.weight[kept]
+    grown.lm_head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    with torch.no_grad():
+        grown.lm_head.weight.copy_(weight)
+    grown.register_buffer("d2t", vocab.d2t.to(draft.d2t.device))
+    grown.register_buffer("t2d", vocab.t2d.to(draft.t2d.device))
+    grown.config.draft_vocab_size = vocab.size
+    return grown

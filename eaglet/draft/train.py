@@ -41,7 +41,12 @@ from eaglet.config.train import TrainConfig
 from eaglet.cpu_threads import apply_threads
 from eaglet.draft.checkpoint import load_training_state, save_training_state
 from eaglet.draft.heldout_tau import HeldoutTau
-from eaglet.draft.init_from import load_starting_draft, read_starting_draft
+from eaglet.draft.init_from import (
+    grown_vocab,
+    load_starting_draft,
+    read_starting_draft,
+    with_vocab,
+)
 from eaglet.draft.methods import DEFAULT_METHOD, draft_method
 from eaglet.draft.methods.base import DraftMethod, TrainingView
 from eaglet.draft.optimizer import make_optimizer
@@ -257,6 +262,8 @@ def start_vocab(
     counts = data.token_counts(head.config["vocab_size"])
     if full:  # a method that drafts over the target's whole vocabulary
         return vocab_over(torch.arange(head.config["vocab_size"]), counts)
+    if brought is not None and config.init_from_vocab == "grow":
+        return grown_vocab(brought, counts, config.draft_vocab_size)
     if brought is not None:
         return vocab_over(brought.ids, counts)
     return build_draft_vocab(counts, config.draft_vocab_size)
@@ -274,8 +281,8 @@ def build_draft(
     """A fresh draft of `method` on `device` (or the starting draft of train.init_from, as it
     came), the same initial weights in every process."""
     torch.manual_seed(config.seed)
-    if start is not None:
-        return start.to(device)
+    if start is not None:  # its vocabulary grown by this data's tokens (init_from_vocab: grow)
+        return with_vocab(start, vocab, head.lm_head).to(device)
     return method.build(head, config, vocab, aux_layer_ids).to(device)
 
 

@@ -155,6 +155,11 @@ def check_init_from(config: PipelineConfig, model_config: Any, report: Preflight
 
     train = config.train
     if not train.init_from:
+        if train.init_from_vocab != "keep":
+            report.problems.append(
+                f"train.init_from_vocab={train.init_from_vocab} grows a starting draft's "
+                "vocabulary, but train.init_from names none: remove it, or set train.init_from"
+            )
         return
     try:
         target = head_config(model_config)
