@@ -13,8 +13,8 @@ it still serves the new one, and its promotion (the core of the watch and refres
   set (greedy, the same k), against its τ at training: kept when no set fell by more than
   `refresh.max_drop`.
 - Training again (`retrain_config`): the pipeline for the new target from the current draft
-  (`train.init_from`, its vocabulary grown by the new data's tokens), on `refresh.samples`
-  samples.
+  (`train.init_from`, its vocabulary grown by the new data's tokens), for
+  `refresh.epochs_fraction` of `train.epochs`, on `refresh.samples` samples.
 - Promotion (`promote`): a new draft replaces the current one only when its τ on the new target
   beats the current draft's there; `draft.json` is written whole (`write_json_atomic`), so a
   refresh that fails leaves the current draft as it was.
@@ -75,8 +75,8 @@ def trained_parts(config: PipelineConfig) -> dict[str, str]:
 
 def set_taus(report: dict[str, Any]) -> dict[str, float]:
     """τ per named evaluation set from an evaluate report (or `evaluate_sets`' result)."""
-    sets = report.get("sets", report)
-    return {name: float(figures["tau"]) for name, figures in sets.items() if "tau" in figures}
+    sets = report.get("sets", {}) if "tau" in report else report  # a report.json holds its own
+    return {name: float(figures["tau"]) for name, figures in sets.items()}
 
 
 def current_draft(work_dir: Path) -> PromotedDraft | None:
@@ -160,11 +160,17 @@ def verdict(before: dict[str, float], now: dict[str, float], max_drop: float) ->
 
 
 def retrain_config(config: PipelineConfig, draft_dir: Path) -> PipelineConfig:
-    """The pipeline for the new target, trained from the current draft (`train.init_from`) on
+    """The pipeline for the new target, trained from the current draft (`train.init_from`, its
+    vocabulary grown) for `refresh.epochs_fraction` of the epochs (rounded up), on
     `refresh.samples` samples (split evenly over the datasets; blank: all)."""
+    epochs = max(1, math.ceil(config.train.epochs * config.refresh.epochs_fraction))
     starts_from = config.train.model_copy(
-        update={"init_from": str(Path(draft_dir).resolve()), "init_from_vocab": "grow"}
-    )  # the words the new target uses may be new to the draft
+        update={
+            "init_from": str(Path(draft_dir).resolve()),
+            "init_from_vocab": "grow",  # the words the new target uses may be new to the draft
+            "epochs": epochs,
+        }
+    )
     update: dict[str, Any] = dict(train=starts_from)  # the section, not the stage
     samples = config.refresh.samples
     if samples is not None:
