@@ -31,6 +31,7 @@ from prefect.client.schemas.objects import ConcurrencyLimitConfig
 from prefect.exceptions import ObjectNotFound
 
 from eaglet.cache import pipeline_code_version
+from eaglet.stages import PRODUCER
 from eaglet_prefect.deployments.follow import refresh_trigger, watch_schedule
 from eaglet_prefect.flows.follow import refresh, watch
 from eaglet_prefect.flows.pipeline import pipeline
@@ -96,7 +97,7 @@ def serve_deployments(version: str) -> None:
         pipeline.to_deployment(
             name="generate-only",
             description="Download, tokenize and generate; stops before extraction.",
-            parameters={"until": "generate"},
+            parameters={"until": PRODUCER["generations"]},
             tags=["eaglet", "generation"],
             version=version,
             schedules=existing_schedules("generate-only"),

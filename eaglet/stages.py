@@ -112,6 +112,11 @@ class Stage:
     # It measures the draft on held-out prompts and `evaluate.sets`: the preflight checks
     # those only for a run that reaches it.
     evaluates: bool = False
+    # Its work is shards, each a task a Dask task runner maps (`execution.task_runner: dask`)
+    # before the stage's own task gathers them.
+    sharded: bool = False
+    # A run's `retry_failed` reaches it: it sends the samples it recorded as failed again.
+    retries_failed: bool = False
 
     def __post_init__(self) -> None:
         if self.resumes != bool(self.resume_note):
@@ -224,6 +229,7 @@ STAGE_LIST: tuple[Stage, ...] = (
         figures="eaglet.stage_bodies.figures:generate",
         reuse_estimate="eaglet.stage_reasons:generations_reused",
         retry_setting="generation.endpoints",  # a server that is down or busy
+        retries_failed=True,
         plug_ins=("engine",),
         regenerates_turns=True,
     ),
@@ -248,6 +254,7 @@ STAGE_LIST: tuple[Stage, ...] = (
         shown_files=("shard-*.safetensors", "index.jsonl"),
         skipped_online=True,  # online, train computes the features itself
         holds_device=True,  # the target, in-process with the hf backend
+        sharded=True,
         plug_ins=("backend",),
     ),
     Stage(

@@ -28,7 +28,7 @@ from eaglet.fixture.real_shape import SHAPES as REAL_SHAPES
 from eaglet.fixture.real_tokenizers import TOKENIZERS as REAL_TOKENIZERS
 from eaglet.preflight import PreflightError, run_preflight_ahead
 from eaglet.run_report import percent, training_line
-from eaglet.stages import DRAFT_FOLDER, REPORT_FILE, STAGES
+from eaglet.stages import DRAFT_FOLDER, PRODUCER, REPORT_FILE, STAGES
 from eaglet.work_dir_status import inspect_work_dir, is_work_dir, show_sample
 from eaglet_prefect.flows.prefect_server import (
     SERVER_WAIT_S,
@@ -165,11 +165,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     started = time.time()
     config = demo_config(Path(args.work_dir), args.set)
     with work_dir_lock.held(config.work_dir):  # a second run fails here, before any start-up
-        result = _run_pipeline(config, "evaluate", args.refresh_from)  # builds the inputs
+        result = _run_pipeline(config, STAGES[-1], args.refresh_from)  # builds the inputs
     _print_run(result, time.time() - started)
     stages = result["stages"]
-    print(f"draft model:  {Path(stages['train']['path']) / DRAFT_FOLDER}")
-    print(f"report:       {Path(stages['evaluate']['path']) / REPORT_FILE}")
+    print(f"draft model:  {Path(stages[PRODUCER['draft']]['path']) / DRAFT_FOLDER}")
+    print(f"report:       {Path(stages[PRODUCER['report']]['path']) / REPORT_FILE}")
     evaluation = result["evaluation"]
     print(
         f"acceptance length tau = {evaluation['tau']:.3f} "
@@ -534,7 +534,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run the pipeline from a YAML config")
     run.add_argument("config")
-    run.add_argument("--until", choices=STAGES, default="evaluate")
+    run.add_argument("--until", choices=STAGES, default=STAGES[-1])
     run.add_argument("--refresh-from", choices=STAGES)
     run.add_argument(
         "--retry-failed",

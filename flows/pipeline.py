@@ -52,20 +52,21 @@ from eaglet_prefect.tasks.tokenize import tokenize
 from eaglet_prefect.tasks.train import train
 
 
-def tasks_in_stage_order(*tasks: Task) -> dict[str, Task]:
-    """Stage name -> its task (`tasks/<stage>.py`, named after its stage), refused unless the
-    tasks are those of `eaglet.stages`, one each, in the same order."""
-    names = tuple(task.name for task in tasks)
-    if names != STAGES:
+def task_of_each_stage(*tasks: Task) -> dict[str, Task]:
+    """Stage name -> its task (`tasks/<stage>.py`, named after its stage), refused unless
+    each stage of `eaglet.stages` has one; the order is the stages' (`STAGE_LIST`), the one
+    place it is written."""
+    by_name = {task.name: task for task in tasks}
+    if sorted(by_name) != sorted(STAGES) or len(tasks) != len(STAGES):
         raise ValueError(
-            f"the flow's tasks are {list(names)}, the declared stages {list(STAGES)}: "
-            "import each stage's task (tasks/<stage>.py) and list it in the stages' order"
+            f"the flow's tasks are {sorted(t.name for t in tasks)}, the declared stages "
+            f"{sorted(STAGES)}: import each stage's task (tasks/<stage>.py) and list it here"
         )
-    return dict(zip(names, tasks, strict=True))
+    return {stage: by_name[stage] for stage in STAGES}
 
 
-# Each stage's task: a new stage's task is imported above and listed here in its place.
-TASKS = tasks_in_stage_order(download, tokenize, generate, extract, hidden_states, train, evaluate)
+# Each stage's task: a new stage's task is imported above and listed here.
+TASKS = task_of_each_stage(download, tokenize, generate, extract, hidden_states, train, evaluate)
 permanent_errors_without_tracebacks()  # eaglet's deliberate failures: their message, once
 BETWEEN_STAGES = "the flow after"  # what an interrupt names once a stage has finished
 
@@ -75,7 +76,7 @@ def run_name() -> str:
     return run_label_of(flow_run.parameters)
 
 
-def preflight(config: PipelineConfig, until: str = "evaluate") -> None:
+def preflight(config: PipelineConfig, until: str = STAGES[-1]) -> None:
     """The preflight's report in the flow's log: the one `eaglet run` passed before the flow
     run existed, or a run of the checks now (the UI's runs)."""
     lines = take_passed_ahead(config)
@@ -112,7 +113,7 @@ def interrupted_entry(
 @flow(name="eaglet-pipeline", flow_run_name=run_name, log_prints=True, on_crashed=[report_crash])
 def pipeline(
     config_path: str = "",
-    until: StageName = "evaluate",
+    until: StageName = STAGES[-1],
     refresh_from: RefreshFrom = "",
     plan_only: bool = False,
     retry_failed: bool = False,
@@ -236,10 +237,10 @@ def run_stages(
                 if not spec.runs(config):  # hidden_states, online: train runs the target itself
                     continue
                 inputs = {name: outputs[name] for name in spec.inputs(config)}
-                if spec.name == "hidden_states" and config.execution.task_runner == "dask":
-                    shutdown.set_stage("hidden_states")
-                    map_hidden_state_shards(config, inputs["examples"])  # shard tasks first
-                if spec.name == "generate" and retry_failed:
+                if spec.sharded and config.execution.task_runner == "dask":
+                    shutdown.set_stage(spec.name)
+                    map_hidden_state_shards(config, *inputs.values())  # its shard tasks first
+                if spec.retries_failed and retry_failed:
                     inputs["retry_failed"] = True
                 # refresh_from re-runs that stage and every later one, whatever they read
                 refresh = (
@@ -292,7 +293,7 @@ def completed_message(config: PipelineConfig, record: dict, evaluation: dict) ->
         if evaluation.get("untrained_tau") is not None:
             figure += f" (untrained draft {evaluation['untrained_tau']:.3f})"
         return f"{figure}; {stages}"
-    return f"stopped after {record.get('until', 'evaluate')} as asked (no τ); {stages}"
+    return f"stopped after {record.get('until', STAGES[-1])} as asked (no τ); {stages}"
 
 
 def run_task(stage: str, config: PipelineConfig, inputs: dict, refresh: bool, record: dict) -> dict:

@@ -15,14 +15,14 @@ import threading
 from typing import Any
 
 from eaglet.config import PipelineConfig, load_config
-from eaglet.stages import STAGES
+from eaglet.stages import PRODUCER, STAGES
 
 FLOWS = ("eaglet-pipeline", "eaglet-pipeline-short-form")
 NAMING_EVERY_S = 2.0
 NAMED = "pipeline["  # how every name `run_label` gives begins (Prefect's own never does)
 
 
-TRAINS = STAGES[STAGES.index("train") :]  # a run stopping at one of these trains a draft
+TRAINS = STAGES[STAGES.index(PRODUCER["draft"]) :]  # a run stopping at one of these trains a draft
 
 
 def run_label(name: str, parameters: dict[str, Any], method: str | None = None) -> str:

@@ -13,7 +13,7 @@ from pydantic import Field
 from eaglet.config import load_config
 from eaglet.failure_advice import RunOrigin
 from eaglet.short_form import EngineChoice, ShortFormDataset, short_form_overrides
-from eaglet.stages import RefreshFrom, StageName
+from eaglet.stages import STAGES, RefreshFrom, StageName
 from eaglet_prefect.flows.crashes import report_crash
 from eaglet_prefect.flows.pipeline import publish_plan, run_stages, start_run
 from eaglet_prefect.flows.refusals import REFUSALS, refusals_reported, refused_state
@@ -39,7 +39,7 @@ def short_form(
     served_model: str = "",
     epochs: Annotated[int, Field(ge=0, le=1000)] = 0,
     work_dir: str = "",
-    until: StageName = "evaluate",
+    until: StageName = STAGES[-1],
     refresh_from: RefreshFrom = "",
     config_path: str = "",
     plan_only: bool = False,

@@ -106,13 +106,17 @@ def test_the_flow_the_cli_and_the_form_take_the_stages_from_the_declarations():
 
 
 def test_the_flow_refuses_a_task_list_that_is_not_the_stage_list():
-    from eaglet_prefect.flows.pipeline import TASKS, tasks_in_stage_order
+    """A stage without its task, or a task listed twice, is refused; the order is the stage
+    list's, written once (`eaglet.stages.STAGE_LIST`), whatever order the tasks are listed in."""
+    from eaglet_prefect.flows.pipeline import TASKS, task_of_each_stage
 
     tasks = list(TASKS.values())
-    assert tasks_in_stage_order(*tasks) == TASKS
-    for wrong in (tasks[:-1], tasks[1:2] + tasks[:1] + tasks[2:], tasks + tasks[:1]):
+    assert task_of_each_stage(*tasks) == TASKS
+    reordered = task_of_each_stage(*(tasks[1:2] + tasks[:1] + tasks[2:]))
+    assert list(reordered) == list(STAGES) == list(TASKS)
+    for wrong in (tasks[:-1], tasks + tasks[:1]):
         with pytest.raises(ValueError, match="import each stage's task"):
-            tasks_in_stage_order(*wrong)
+            task_of_each_stage(*wrong)
 
 
 def test_each_body_is_keyed_with_its_stage_and_another_stages_body_is_refused(tmp_path):
@@ -220,12 +224,12 @@ def test_a_new_stage_is_its_declaration_and_its_own_modules(
     (project / "eaglet" / "stage_bodies" / "word_count.py").write_text(WORD_COUNT_BODY)
     (project / "tasks" / "word_count.py").write_text(WORD_COUNT_TASK)
     flow_py = project / "flows" / "pipeline.py"
-    listed = "TASKS = tasks_in_stage_order(download, tokenize,"
+    listed = "TASKS = task_of_each_stage(download, tokenize,"
     imported = "from eaglet_prefect.tasks.train import train\n"
     assert flow_py.read_text().count(listed) == 1 and flow_py.read_text().count(imported) == 1
     flow_py.write_text(
         flow_py.read_text()
-        .replace(listed, "TASKS = tasks_in_stage_order(download, word_count, tokenize,")
+        .replace(listed, "TASKS = task_of_each_stage(download, word_count, tokenize,")
         .replace(imported, imported + "from eaglet_prefect.tasks.word_count import word_count\n")
     )
 

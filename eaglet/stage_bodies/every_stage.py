@@ -25,23 +25,13 @@ from eaglet.stage_runner import run_stage_body
 from eaglet.stages import STAGES, StageBody
 from eaglet.storage import Manifest
 
-# In the order of `eaglet.stages.STAGE_LIST`; `run_stage_body` refuses a body that is not its
-# stage's code, so a list out of order fails at its first call.
-BODIES: dict[str, StageBody] = dict(
-    zip(
-        STAGES,
-        (
-            download.run,
-            tokenize.run,
-            generate.run,
-            extract.run,
-            hidden_states.run,
-            train.run,
-            evaluate.run,
-        ),
-        strict=True,
-    )
-)
+# Stage name -> its body (`eaglet/stage_bodies/<stage>.py`, named after its stage); the order
+# is the stages' (`eaglet.stages.STAGE_LIST`), and `run_stage_body` refuses a body that is not
+# its stage's code.
+_BODIES = (download, tokenize, generate, extract, hidden_states, train, evaluate)
+BODIES: dict[str, StageBody] = {
+    stage: {m.__name__.rsplit(".", 1)[1]: m.run for m in _BODIES}[stage] for stage in STAGES
+}
 
 
 def run_stage_without_prefect(
