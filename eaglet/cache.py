@@ -270,11 +270,14 @@ KEYED_METHOD_SECTIONS = ("dflash",)
 
 
 def train_keyed(settings: TrainConfig) -> dict[str, Any]:
-    """`train`'s keyed fields, another method's section (but `KEYED_METHOD_SECTIONS`) left out."""
+    """`train`'s keyed fields, another method's section (but `KEYED_METHOD_SECTIONS`) left out,
+    and what only a starting draft reads (`init_from_vocab`) only with one."""
     value = keyed_fields(settings)
     for name in METHODS:
         if name in value and name != settings.method and name not in KEYED_METHOD_SECTIONS:
             del value[name]
+    if not settings.init_from:
+        value.pop("init_from_vocab", None)
     return value
 
 

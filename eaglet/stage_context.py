@@ -104,3 +104,14 @@ class PlainContext:
         entry = {"kind": kind, "key": key, "description": description, "content": content}
         self.artifacts.append(entry)
         return entry
+
+
+def generation_api_key(secret: str | None, ctx: StageContext) -> str | None:
+    """The API key held by the secret named in `generation.api_key_secret` (`secret`), if one
+    is named (the engines read `generation.api_key_env` themselves)."""
+    if not secret:
+        return None
+    try:
+        return ctx.secret(secret)
+    except ValueError as exc:
+        raise ValueError(f"generation.api_key_secret={secret!r}: {exc}") from exc

@@ -59,13 +59,19 @@ class PrefectContext:
         publish_plot(path, key=key, description=description)
 
     def secret(self, name: str) -> str:
-        from prefect.blocks.system import Secret
+        return prefect_secret(name)
 
-        try:
-            return str(Secret.load(name).get())
-        except (ValueError, ObjectNotFound) as exc:
-            raise ValueError(
-                f"no Prefect Secret block named {name!r} on this Prefect server; create it "
-                f"(UI: Blocks > Secret, or `Secret(value=...).save({name!r})`) or use "
-                "generation.api_key_env"
-            ) from exc
+
+def prefect_secret(name: str) -> str:
+    """The value of the Prefect Secret block `name` (ValueError naming it when there is none):
+    a stage's secrets, and `eaglet doctor`'s."""
+    from prefect.blocks.system import Secret
+
+    try:
+        return str(Secret.load(name).get())
+    except (ValueError, ObjectNotFound) as exc:
+        raise ValueError(
+            f"no Prefect Secret block named {name!r} on this Prefect server; create it "
+            f"(UI: Blocks > Secret, or `Secret(value=...).save({name!r})`) or use "
+            "generation.api_key_env"
+        ) from exc

@@ -6,15 +6,8 @@ from __future__ import annotations
 
 from eaglet.config import PipelineConfig
 from eaglet.stage_bodies import generate as generate_body
-from eaglet.stage_bodies.generate import api_key
 from eaglet.storage import Manifest
 from eaglet_prefect.tasks.caching import run_stage_task, stage_task
-from eaglet_prefect.tasks.context import PrefectContext
-
-
-def secret_api_key(config: PipelineConfig) -> str | None:
-    """The API key held by the Prefect Secret block `generation.api_key_secret`, if named."""
-    return api_key(config, PrefectContext())
 
 
 def _has_failures(manifest: Manifest) -> bool:

@@ -158,3 +158,15 @@ def test_progress_moves_inside_a_shard_sample_by_sample(target_dir, tmp_path):
     assert len(output.info["shards"]) == 1
     assert len(fractions) >= 12 + 1  # twelve samples, then the shard's end
     assert fractions == sorted(fractions) and 0 < fractions[0] < 1 and fractions[-1] == 1.0
+
+
+def test_the_removed_batch_keys_load_at_their_old_defaults_and_are_refused_otherwise():
+    """Every WORK_DIR/config.yaml an earlier run wrote holds hidden_states.batch_size 8 and
+    batch_tokens 16384: it still loads (the resume command works); another value, which would
+    do nothing now, is refused saying why."""
+    from eaglet.config import ConfigError, load_config
+
+    config = load_config(None, ["hidden_states.batch_size=8", "hidden_states.batch_tokens=16384"])
+    assert "batch_size" not in config.hidden_states.model_dump()
+    with pytest.raises(ConfigError, match="batch_size is no longer a setting: the hf backend"):
+        load_config(None, ["hidden_states.batch_size=32"])

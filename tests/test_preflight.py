@@ -186,7 +186,7 @@ def test_the_demo_config_is_the_form_defaults():
     """`eaglet demo` runs the defaults (as the CLI loads them: relative paths resolved), and
     nothing else: no setting of its own that the UI form's defaults lack."""
     from eaglet.config import load_config
-    from eaglet_prefect.flows.cli import demo_config
+    from eaglet_prefect.flows.commands.run import demo_config
 
     assert demo_config() == load_config(None)
     demo, form = demo_config().model_dump(), PipelineConfig().model_dump()
@@ -206,7 +206,7 @@ def test_a_quick_run_after_the_demo_has_every_stage_key_of_the_demo(tmp_path, mo
     from eaglet.cache import stage_config
     from eaglet.fixture.demo import ensure_demo_inputs
     from eaglet.stages import STAGES
-    from eaglet_prefect.flows.cli import demo_config
+    from eaglet_prefect.flows.commands.run import demo_config
 
     monkeypatch.chdir(tmp_path)
     make_target(tmp_path / "runs" / "demo" / "models" / "fixture")  # stands in for the fixture

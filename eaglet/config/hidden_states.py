@@ -27,12 +27,14 @@ FLAT_BACKEND_KEYS: dict[str, str] = {
 }  # fmt: skip
 
 
-# Keys hidden_states no longer has, and why: a config that sets one is refused with this.
-REMOVED_KEYS = dict.fromkeys(
-    ("batch_size", "batch_tokens"),
+# Keys hidden_states no longer has, with the value each had by default: a config that holds
+# that value (every WORK_DIR/config.yaml an earlier run wrote) loads as before, the key
+# dropped; one that sets another is refused with `REMOVED_WHY` (it would do nothing).
+REMOVED_KEYS = {"batch_size": 8, "batch_tokens": 16384}
+REMOVED_WHY = (
     "the hf backend runs each sample in a forward of its own, so that its features do not "
     "depend on the samples beside it (an incremental run then stores what a fresh one does); "
-    "remove the key",
+    "remove the key"
 )
 
 
@@ -72,10 +74,14 @@ class _HiddenStatesSettings(Strict):
     @model_validator(mode="before")
     @classmethod
     def _no_removed_keys(cls, data: Any) -> Any:
-        """A key that no longer does anything is refused, saying why (never ignored)."""
-        for key in REMOVED_KEYS:
-            if isinstance(data, dict) and key in data:
-                raise ValueError(f"hidden_states.{key} is no longer a setting: {REMOVED_KEYS[key]}")
+        """A key that no longer does anything is refused, saying why, unless it holds the value
+        it had by default (an earlier run's config.yaml): then it is dropped."""
+        if not isinstance(data, dict) or not any(key in data for key in REMOVED_KEYS):
+            return data
+        data = dict(data)
+        for key, default in REMOVED_KEYS.items():
+            if key in data and data.pop(key) != default:
+                raise ValueError(f"hidden_states.{key} is no longer a setting: {REMOVED_WHY}")
         return data
 
     @model_validator(mode="before")

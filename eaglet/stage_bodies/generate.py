@@ -25,23 +25,11 @@ from eaglet.generation import (
 from eaglet.records.io import read_jsonl, sort_jsonl
 from eaglet.records.prompts import Prompt, conversation_id
 from eaglet.reuse import seed_generations
-from eaglet.stage_context import StageContext
+from eaglet.stage_context import StageContext, generation_api_key
 from eaglet.stages import FAILED_FILE, GENERATIONS_FILE, PROMPTS_FILE
 from eaglet.storage import Manifest, StageOutput, stage_dir
 from eaglet.target import load_tokenizer
 from eaglet.turns import generate_every_turn, turn_number
-
-
-def api_key(config: PipelineConfig, ctx: StageContext) -> str | None:
-    """The API key held by the secret `generation.api_key_secret`, if one is named (the
-    engines read `generation.api_key_env` themselves)."""
-    name = config.generation.api_key_secret
-    if not name:
-        return None
-    try:
-        return ctx.secret(name)
-    except ValueError as exc:
-        raise ValueError(f"generation.api_key_secret={name!r}: {exc}") from exc
 
 
 def _failed_samples_artifact(ctx: StageContext, failed_path: Path) -> None:
@@ -57,7 +45,7 @@ def run(
     prompts_path = stage_dir(config.work_dir, inputs["prompts"]) / PROMPTS_FILE
     all_prompts = list(read_jsonl(prompts_path, Prompt))
     tokenizer = load_tokenizer(config.target)
-    key = api_key(config, ctx)
+    key = generation_api_key(config.generation.api_key_secret, ctx)
     if engine_spec(config.generation.engine).needs_server:
         canary = run_canary(config, tokenizer, all_prompts, api_key=key)
         ctx.info(f"canary:\n{canary.render()}")
