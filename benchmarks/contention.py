@@ -150,7 +150,7 @@ def prefect_runner(measure):
 def prepare(args, work: Path) -> dict:
     """Examples and shards of the fixture target; returns the demo's training job (offline)."""
     from eaglet.config import PipelineConfig, TargetConfig
-    from eaglet.draft.launch import pipeline_job
+    from eaglet.draft.job import pipeline_job
     from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids
     from eaglet.hidden_states.stage import stage_body
     from eaglet.target import load_config
@@ -179,9 +179,9 @@ def prepare(args, work: Path) -> dict:
 
 def measure(job: dict, variant: dict, seconds: float, work: Path, prefect: bool = False) -> dict:
     job = json.loads(json.dumps(job))
-    job["out_dir"] = str(work / f"train-{time.time_ns()}")
-    job["resume"] = False
-    job["train"]["threads"] = variant.get("threads")
+    job.out_dir = work / f"train-{time.time_ns()}"
+    job.resume = False
+    job.train = job.train.model_copy(update={"threads": variant.get("threads")})
     env = {k: v for k, v in os.environ.items() if k not in WAIT_VARS}
     env.update(variant.get("env", {}))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))

@@ -38,7 +38,8 @@ from eaglet.config import (  # noqa: E402
     TargetConfig,
 )
 from eaglet.draft.evaluate import evaluate_draft  # noqa: E402
-from eaglet.draft.launch import pipeline_job, run_job  # noqa: E402
+from eaglet.draft.job import pipeline_job  # noqa: E402
+from eaglet.draft.launch import run_job  # noqa: E402
 from eaglet.hidden_states.feature_encoding import STORAGES  # noqa: E402
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids  # noqa: E402
 from eaglet.hidden_states.stage import stage_body  # noqa: E402

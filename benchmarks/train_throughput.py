@@ -38,7 +38,8 @@ from eaglet.config import (  # noqa: E402
     TrainConfig,
 )
 from eaglet.draft.evaluate import evaluate_draft  # noqa: E402
-from eaglet.draft.launch import launch, pipeline_job, run_job  # noqa: E402
+from eaglet.draft.job import pipeline_job  # noqa: E402
+from eaglet.draft.launch import launch, run_job  # noqa: E402
 from eaglet.fixture.model import eval_prompts, greedy_generate  # noqa: E402
 from eaglet.hidden_states.backends.vllm import server_args  # noqa: E402
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, resolve_aux_layer_ids  # noqa: E402

@@ -53,7 +53,8 @@ from eaglet.config import (  # noqa: E402
     TrainConfig,
 )
 from eaglet.draft.evaluate import default_eos_ids, evaluate_draft, load_target  # noqa: E402
-from eaglet.draft.launch import pipeline_job, run_job  # noqa: E402
+from eaglet.draft.job import pipeline_job  # noqa: E402
+from eaglet.draft.launch import run_job  # noqa: E402
 from eaglet.draft.serving import measure_served  # noqa: E402
 from eaglet.fixture.model import eval_prompts  # noqa: E402
 from eaglet.hidden_states.backends.hf import HFBackend  # noqa: E402
@@ -143,7 +144,7 @@ def train_eaglet(config: PipelineConfig, work: Path, examples_path: Path, label:
         "aux_layer_convention": AUX_LAYER_CONVENTION,
     }
     job = pipeline_job(config, work / f"eaglet-{label}", features_dir=hs, features_info=info)
-    job["resume"] = False
+    job.resume = False
     started = time.time()
     summary = run_job(job)
     wall = time.time() - started

@@ -94,19 +94,10 @@ def world(tmp_path_factory):
     """The training world of tests/train_helpers.py, once per module: the tiny target in
     `world / "target"` and the hidden-state shards of its greedy answers to 64 random prompts in
     `world / "hs"`. (Modules with a world of their own define their own `world`.)"""
-    from tests.train_helpers import (
-        ANSWER_LEN,
-        AUX_IDS,
-        greedy_examples,
-        make_target,
-        random_prompts,
-        write_hidden_state_shards,
-    )
+    from tests.train_helpers import make_world
 
     root = tmp_path_factory.mktemp("eagle")
-    model = make_target(root / "target")
-    examples = greedy_examples(model, random_prompts(64, seed=1), ANSWER_LEN)
-    write_hidden_state_shards(root / "target", root / "hs", examples, AUX_IDS)
+    make_world(root, 64)
     return root
 
 

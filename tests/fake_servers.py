@@ -12,6 +12,8 @@ prompt is a function of its token ids, written in the fixture's thinking format
 (`{reasoning}\\n</think>\\n\\n{answer}<|im_end|>` after a prompt that ends with `<think>\\n`), and
 tokenized with `ToyTokenizer`, a character-level tokenizer with the same special tokens.
 
+`CaptureServer` answers as vLLM with the hidden-states connector does (a file per request).
+
 Faults are queued with `server.faults.append(...)`, one per generation request in arrival
 order: "500", "503", "429:<seconds>" (with Retry-After), "hang", "drop" (the connection closes
 mid-answer), "malformed" (200 with a body that is not JSON), "truncated" (200, a JSON body cut
@@ -682,3 +684,65 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
         sink.shutdown(socket.SHUT_WR)
     except OSError:
         pass
+
+
+CAPTURE_LAYERS, CAPTURE_HIDDEN = 4, 128  # the fixture target's 3 aux layers + the last; H
+
+
+def capture_states(ids: list[int]):
+    """What `CaptureServer` extracts for `ids`: [T, L, H], a function of the ids."""
+    import torch
+
+    t = torch.tensor(ids, dtype=torch.float32)[:, None, None]  # [T, 1, 1]
+    return (
+        t
+        + torch.arange(CAPTURE_LAYERS * CAPTURE_HIDDEN, dtype=torch.float32).view(
+            1, CAPTURE_LAYERS, CAPTURE_HIDDEN
+        )
+        / 1e3
+    )
+
+
+class CaptureServer:
+    """A stand-in for a vLLM server with the hidden-states connector (an ASGI app for
+    `serve`): answers each completion by writing the connector file; `failures` answers that many
+    requests with `status` first; `delay_s` per request."""
+
+    def __init__(self, connector, failures: int = 0, status: int = 503, delay_s=0.0):
+        self.connector, self.failures, self.status, self.delay_s = (
+            connector,
+            failures,
+            status,
+            delay_s,
+        )
+        self.served: list[str] = []
+        self.lock = threading.Lock()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        request = json.loads(body)
+        with self.lock:
+            if self.failures > 0:
+                self.failures -= 1
+                await _send_json(send, self.status, {"error": "busy"})
+                return
+        await asyncio.sleep(self.delay_s)
+        ids = request["prompt"]
+        name = f"{len(self.served)}-{id(self)}-{ids[0]}-{len(ids)}.safetensors"
+        with self.lock:
+            self.served.append(name)
+        import torch
+        from safetensors.torch import save_file
+
+        save_file(
+            {"hidden_states": capture_states(ids), "token_ids": torch.tensor(ids)},
+            str(self.connector / name),
+        )
+        await _send_json(send, 200, {"kv_transfer_params": {"hidden_states_path": name}})

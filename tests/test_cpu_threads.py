@@ -382,7 +382,8 @@ def test_the_hidden_states_stage_applies_the_choice_in_its_thread(shards, fake_m
 
 
 def test_the_trainer_applies_the_choice_and_the_override_in_its_thread(shards, fake_machine):
-    from eaglet.draft.launch import run_training, train_job
+    from eaglet.draft.job import train_job
+    from eaglet.draft.launch import run_training
     from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
     from eaglet.hidden_states.stage import stage_body
 

@@ -8,25 +8,17 @@ import torch
 from safetensors.torch import load_file
 
 from eaglet.config import TargetConfig, TrainConfig
-from eaglet.draft.launch import launch, run_job, torchrun_command, train_job
-from tests.train_helpers import (
-    ANSWER_LEN,
-    AUX_IDS,
-    CONVENTION,
-    greedy_examples,
-    make_target,
-    random_prompts,
-    write_hidden_state_shards,
-)
+from eaglet.draft.job import train_job
+from eaglet.draft.launch import launch, run_job
+from eaglet.draft.nodes import torchrun_command
+from tests.train_helpers import AUX_IDS, CONVENTION, make_world
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("ddp")
     torch.set_num_threads(1)
-    model = make_target(root / "target")
-    examples = greedy_examples(model, random_prompts(32, seed=1), ANSWER_LEN)
-    write_hidden_state_shards(root / "target", root / "hs", examples, AUX_IDS)
+    make_world(root, 32)
     return root
 
 
@@ -60,8 +52,9 @@ def losses(folder):
     return [json.loads(line)["loss"] for line in (folder / "metrics.jsonl").open()]
 
 
-def test_torchrun_command_is_standalone_with_n_processes(tmp_path):
-    command = torchrun_command(tmp_path / "job.json", 2)
+def test_torchrun_command_is_standalone_with_n_processes(world, tmp_path):
+    spec = job(world, tmp_path, nproc_per_node=2)
+    command = torchrun_command(spec)
     assert command[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     assert command[-3:] == ["-m", "eaglet.draft.train_worker", str(tmp_path / "job.json")]
 
@@ -117,7 +110,7 @@ def test_keep_best_under_torchrun_measures_and_keeps_what_one_process_does(world
 
     def keep_best_job(out):
         spec = job(world, out, **settings)
-        return spec | {"exclude_sample_ids": sorted(held_out)}
+        return spec.model_copy(update={"exclude_sample_ids": sorted(held_out)})
 
     single = run_job(keep_best_job(world / f"best-{keep_best}-one"))
     double = launch(keep_best_job(world / f"best-{keep_best}-two"), 2, log_line=lambda _: None)

@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 
 from eaglet.config import HiddenStatesConfig, TargetConfig, TrainConfig
 from eaglet.draft.evaluate import evaluate_draft
-from eaglet.draft.launch import run_job, train_job
+from eaglet.draft.job import train_job
+from eaglet.draft.launch import run_job
 from eaglet.draft.online import OnlineData
 from eaglet.draft.train import train_draft
 from eaglet.draft.train_data import HiddenStatesData
@@ -138,14 +139,14 @@ def test_killed_online_run_resumes_at_the_same_data_position(drafts, world, monk
     forwards = []
     original = HFBackend.forward
 
-    def counting(self, batch):
-        forwards.append(len(batch))
-        return original(self, batch)
+    def counting(self, ids):
+        forwards.append(len(ids))  # one sample's forward
+        return original(self, ids)
 
     monkeypatch.setattr(HFBackend, "forward", counting)
     resumed = run_job(job(world, out, online=True, save_every=5))
     assert resumed["resumed_from_step"] == 10 and resumed["steps"] == 12 * 8
-    assert sum(forwards) == 8 * (12 * 8 - 10)  # only the batches after the checkpoint
+    assert len(forwards) == 8 * (12 * 8 - 10)  # only the samples after the checkpoint
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").open()]
     assert steps == [4, 8] + list(range(12, 12 * 8 + 1, 4))
     a = load_file(str(world / "online" / "draft" / "model.safetensors"))

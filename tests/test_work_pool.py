@@ -102,9 +102,8 @@ def test_two_workers_of_a_pool_on_two_machines_take_the_runs_of_prefect_yaml_in_
             )  # fmt: skip
 
         deployments = {d["name"]: d for d in client.post("/deployments/filter", json={}).json()}
-        assert {"pipeline", "pipeline-short-form", "generate-only", "nightly-rerun"} <= set(
-            deployments
-        )
+        assert {"pipeline", "pipeline-short-form", "generate-only", "nightly-rerun", "watch",
+                "refresh"} <= set(deployments)  # fmt: skip
         for name, deployment in deployments.items():  # one run at a time, the rest queue
             assert one_run_at_a_time(deployment), (name, deployment)
             # each worker's own home: the placeholder is read on the worker's machine (the
@@ -115,7 +114,10 @@ def test_two_workers_of_a_pool_on_two_machines_take_the_runs_of_prefect_yaml_in_
         automations = client.post("/automations/filter", json={}).json()
         assert sorted(a["name"] for a in automations) == [
             "eaglet: a run completed", "eaglet: a run failed or crashed",
+            "eaglet: refresh a draft when its target changes",
         ], automations  # fmt: skip
+        (watch,) = deployments["watch"]["schedules"]  # off until a work dir is set
+        assert watch["schedule"]["interval"] == 3600 and watch["active"] is False
         (nightly,) = deployments["nightly-rerun"]["schedules"]
         assert nightly["schedule"]["cron"] == "0 2 * * *" and nightly["active"] is False
 

@@ -92,6 +92,16 @@ def write_hidden_state_shards(target_dir, out_dir, examples, aux_ids) -> dict:
     return stage_body(config, examples_path, report=lambda line: None)(out_dir).info
 
 
+def make_world(root, prompts: int):
+    """The training world under `root`: the tiny target in `root / "target"` and the
+    hidden-state shards of its greedy answers to `prompts` random prompts in `root / "hs"`;
+    returns the examples."""
+    model = make_target(root / "target")
+    examples = greedy_examples(model, random_prompts(prompts, seed=1), ANSWER_LEN)
+    write_hidden_state_shards(root / "target", root / "hs", examples, AUX_IDS)
+    return examples
+
+
 def settings(**overrides) -> TrainConfig:
     kw = dict(
         epochs=20,

@@ -213,6 +213,38 @@ class TrainConfig(Strict):
         description="Training processes on this machine; > 1 launches torchrun (data parallel, "
         "NCCL on GPUs, gloo on CPU) with the same global batch_size.",
     )
+    nnodes: int = Field(
+        1,
+        ge=1,
+        le=4096,
+        description="Machines that train together, nproc_per_node processes each. > 1: each "
+        "runs the same `eaglet run` (the one that holds the work dir leads the pipeline; the "
+        "others join its training) and they meet at train.rdzv_endpoint (torchrun's c10d "
+        "rendezvous); the work dir must be on a file system every machine mounts at the same "
+        "path.",
+        json_schema_extra=CACHE_NEUTRAL,  # where it runs: the loss curve is one process's
+    )
+    rdzv_endpoint: str | None = Field(
+        None,
+        description="host:port of torchrun's c10d rendezvous, reachable from every training "
+        "machine (the leading machine hosts it when its name or address matches host); "
+        "required when train.nnodes > 1.",
+        json_schema_extra=CACHE_NEUTRAL,
+    )
+    rdzv_id: str | None = Field(
+        None,
+        description="The rendezvous id the machines share; blank (null) = one derived from the "
+        "work dir's path.",
+        json_schema_extra=CACHE_NEUTRAL,
+    )
+    rdzv_timeout_s: float = Field(
+        900.0,
+        gt=0.0,
+        le=86_400.0,
+        description="Seconds the machines wait for each other at the rendezvous before the "
+        "training fails (and the nodes that joined stop).",
+        json_schema_extra=CACHE_NEUTRAL,
+    )
     log_every: int = Field(10, ge=1, le=1_000_000, description="Optimizer steps per log line.")
     save_every: int = Field(
         0,
@@ -246,6 +278,27 @@ class TrainConfig(Strict):
     def _keep_best_from_a_switch(cls, value: Any) -> Any:
         """The earlier switch: true kept the lowest held-out loss."""
         return {True: "loss", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _nodes_need_a_rendezvous(self) -> TrainConfig:
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ValueError(
+                f"train.nnodes={self.nnodes} needs train.rdzv_endpoint (host:port every "
+                "training machine reaches, e.g. the first machine's name and port 29500)"
+            )
+        if self.nnodes == 1 and (self.rdzv_endpoint or self.rdzv_id):
+            raise ValueError(
+                "train.rdzv_endpoint and train.rdzv_id do nothing with train.nnodes=1: remove "
+                "them, or set train.nnodes to the machines that train together"
+            )
+        if self.rdzv_endpoint:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(
+                    f"train.rdzv_endpoint={self.rdzv_endpoint!r} is not host:port (e.g. "
+                    "node001:29500)"
+                )
+        return self
 
     @model_validator(mode="after")
     def _keep_best_needs_held_out_shards(self) -> TrainConfig:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,6 +78,9 @@ class OnlineData:
         self._queue: queue.Queue | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.waited_s = 0.0  # the trainer's seconds waiting for prefetched features, in all
+        self._fills: list[int] = []  # micro-batches waiting in the queue at each read
+        self._window_wait_s = 0.0  # waited since the last `queue_stats`
 
     def __len__(self) -> int:
         return len(self.windows)
@@ -123,7 +127,12 @@ class OnlineData:
         (which must hold exactly this micro-batch next), else computed now."""
         if self._queue is None:
             return self.features(indices)
+        self._fills.append(self._queue.qsize())
+        asked = time.monotonic()
         got, items = self._queue.get()
+        waited = time.monotonic() - asked
+        self.waited_s += waited
+        self._window_wait_s += waited
         if isinstance(items, BaseException):  # the source's own error, not a wrapper's
             items.add_note("(raised while the online features were prefetched)")
             raise items
@@ -162,6 +171,21 @@ class OnlineData:
         self._stop.set()
         self._thread.join()
         self._thread, self._queue = None, None
+
+    def queue_stats(self) -> dict | None:
+        """Since the last call: the mean micro-batches waiting when the trainer read one
+        (`fill`, of `size`) and the seconds it waited (`wait_s`); None without prefetch."""
+        if self.prefetch <= 0:
+            return None
+        fills, self._fills = self._fills, []
+        waited, self._window_wait_s = self._window_wait_s, 0.0
+        fill = sum(fills) / len(fills) if fills else 0.0
+        return {"fill": fill, "size": self.prefetch, "wait_s": waited}
+
+    def server_stats(self) -> dict:
+        """Per capture server: samples, busy seconds, retries (served sources; else {})."""
+        stats = getattr(self._source, "server_stats", None)
+        return stats() if stats is not None else {}
 
     def aux_width(self) -> int:
         return len(self.aux_layer_ids) * self.hidden_size

@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from safetensors import SafetensorError
 from eaglet.config.target import TargetConfig
 from eaglet.config.train import TrainConfig
 from eaglet.cpu_threads import apply_threads
+from eaglet.draft import ledger
 from eaglet.draft.checkpoint import load_training_state, save_training_state
 from eaglet.draft.heldout_tau import HeldoutTau
 from eaglet.draft.init_from import (
@@ -174,6 +176,7 @@ class Run:
     heldout_tau: Callable[[Any], float] | None = None  # keep_best: tau, on rank 0
     started: float = field(default_factory=time.time)
     step_seconds: float = 0.0  # in train_step (data, forward, backward, optimizer), this process
+    trained_windows: int = 0  # this process's share of the steps this run took
 
     @property
     def draft_dir(self) -> Path:
@@ -259,6 +262,7 @@ def start_vocab(
         shutil.rmtree(out_dir / TRAIN_STATE_FOLDER, ignore_errors=True)
         shutil.rmtree(out_dir / "best", ignore_errors=True)
         (out_dir / "metrics.jsonl").unlink(missing_ok=True)
+        (out_dir / ledger.LEDGER_FILE).unlink(missing_ok=True)
     counts = data.token_counts(head.config["vocab_size"])
     if full:  # a method that drafts over the target's whole vocabulary
         return vocab_over(torch.arange(head.config["vocab_size"]), counts)
@@ -337,6 +341,7 @@ def resume_from(
     if rank == 0:
         kept = [m for m in read_metrics(metrics_path) if m["step"] <= step]
         metrics_path.write_text("".join(json.dumps(m) + "\n" for m in kept))
+        ledger.cut_back(out_dir, step)
     log.info("resuming at step %d of %d", step, total_steps)
     return step, heldout_losses, vocab
 
@@ -514,6 +519,7 @@ def train_step(run: Run, indices: list[int]) -> dict:
         "hits": hits,
         "count": denominators,
         "tokens": int(sums[2, 0]),
+        "windows": [int(w) for b in pieces for w in b["windows"]],  # this process's
     }
 
 
@@ -539,7 +545,7 @@ class Meter:
             self.hits[i] += result["hits"][i]
             self.counts[i] += result["count"][i]
 
-    def flush(self, step: int, total_steps: int, epoch: int, lr: float) -> dict:
+    def flush(self, step: int, total_steps: int, epoch: int, lr: float, queue=None) -> dict:
         record = {
             "step": step,
             "total_steps": total_steps,
@@ -549,22 +555,33 @@ class Meter:
             "lr": lr,
             "tokens_per_s": self.tokens / max(time.time() - self.t0, 1e-9),
         }
+        if queue is not None:  # served online features: the prefetch queue since the last line
+            record["queue"] = queue
         self._reset()
         return record
 
 
 def report(run: Run, record: dict, progress: Callable[[dict], None] | None) -> None:
-    """A log window's record (rank 0): a line of metrics.jsonl, a log line, `progress`."""
-    with run.metrics_path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
+    """A log window's record, alike on every process (all-reduced sums): a line of
+    metrics.jsonl (rank 0), a log line and `progress` (where the worker shows them)."""
+    if run.rank == 0:
+        with run.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+    queue = record.get("queue")
+    fill = (
+        f" queue {queue['fill']:.1f}/{queue['size']}, waited {queue['wait_s']:.1f} s"
+        if queue
+        else ""
+    )  # a queue that stays empty while the trainer waits: the capture servers bound the run
     log.info(
-        "step %d/%d loss %.4f acc %s %.0f tok/s ETA %.0f s",
+        "step %d/%d loss %.4f acc %s %.0f tok/s ETA %.0f s%s",
         run.step,
         run.stop_at,
         record["loss"],
         [round(a, 3) for a in record["acc"]],
         record["tokens_per_s"],
         record["eta_s"],
+        fill,
     )
     if progress is not None:
         progress(record)
@@ -608,24 +625,31 @@ def train_loop(run: Run, progress: Callable[[dict], None] | None = None) -> None
                 order, order_epoch = epoch_order(run, epoch), epoch
             lr = run.schedule.get_last_lr()[0]
             step_started = time.time()
-            meter.add(train_step(run, order[index]))
+            result = train_step(run, order[index])
             run.step_seconds += time.time() - step_started
             run.step += 1
+            # a signal to any process: the checkpoint of this step, then every process stops
+            mine = result.pop("windows")
+            run.trained_windows += len(mine)
+            trained, stop = ledger.agree(run.world, mine, shutdown.requested())
+            meter.add(result)
+            if run.rank == 0:
+                ledger.append(run.out_dir, run.step, epoch, trained)
 
             if run.step % c.log_every == 0 or run.step == run.stop_at:
-                record = meter.flush(run.step, run.total_steps, epoch, lr)
+                queue = run.data.queue_stats() if hasattr(run.data, "queue_stats") else None
+                record = meter.flush(run.step, run.total_steps, epoch, lr, queue)
                 per_step = (time.time() - loop_started) / (run.step - first_step)
                 record |= {"stop_at": run.stop_at, "eta_s": per_step * (run.stop_at - run.step)}
-                if run.rank == 0:
-                    report(run, record, progress)
+                report(run, record, progress)
             if run.heldout is not None and run.step % run.steps_per_epoch == 0:  # an epoch's end
                 keep_if_best(run)
-            stop = shutdown.requested()  # a signal: the checkpoint of this step, then stop
             every = c.save_every or run.steps_per_epoch
             if stop or run.step % every == 0 or run.step == run.stop_at:
                 save(run)
             if stop:
                 shutdown.raise_if_requested()
+                raise shutdown.Interrupted(signal.SIGTERM, "train")  # another process's signal
     finish(run)
 
 
@@ -660,6 +684,11 @@ def finish(run: Run) -> None:
 def summarize(run: Run) -> dict:
     """The run's figures for the stage manifest (plots the loss curve on rank 0)."""
     metrics = read_metrics(run.metrics_path) if run.rank == 0 else []
+    waited = getattr(run.data, "waited_s", 0.0)  # for served online features
+    throughput = ledger.throughput(run.world, {
+        "samples": run.trained_windows, "compute_s": run.step_seconds - waited,
+        "wait_s": waited, "servers": getattr(run.data, "server_stats", dict)(),
+    })  # fmt: skip
     if metrics:
         plot_loss(metrics, run.plot_path, run.heldout_losses, run.method.name)
     return {
@@ -683,6 +712,7 @@ def summarize(run: Run) -> dict:
         "world_size": run.world,
         "precision": "bfloat16" if run.autocast is not None else "float32",
         "hidden_states": getattr(run.data, "mode", "offline"),
+        "throughput": throughput,  # per rank and capture server (global rank 0)
         "draft_dir": str(run.draft_dir),
         "heldout_losses": run.heldout_losses,  # train.keep_best: per epoch's end
         "best_epoch": run.best["epoch"] if run.best else None,  # the exported draft's

@@ -19,7 +19,8 @@ module named as the config section it checks:
   target's defaults collide: [2, 2, 1]); the chosen hidden-state backend's own checks, owned
   by its module (`eaglet.hidden_states.backends`: the vllm backend's servers and connector
   folder);
-- `train`: the draft method's settings; `train.init_from`: the starting draft reads this
+- `train`: the draft method's settings; several machines (train.nnodes) read features from
+  servers they all reach; `train.init_from`: the starting draft reads this
   target (hidden size, vocabulary) and the layers this run extracts
   (`eaglet.draft.init_from`), and the train settings it overrides;
 - `tokenize`: `tokenize.chat_template_kwargs`: the template renders a prompt with them, and
@@ -58,7 +59,7 @@ from eaglet.preflight.target import (
     load_target,
 )
 from eaglet.preflight.tokenize import check_lengths, check_template
-from eaglet.preflight.train import check_init_from, check_mask_token, check_method
+from eaglet.preflight.train import check_init_from, check_mask_token, check_method, check_nodes
 from eaglet.preflight.work_dir import check_disk_budget, check_work_dir
 from eaglet.progress import say
 from eaglet.stages import STAGE, STAGES
@@ -78,6 +79,7 @@ __all__ = [
     "check_lengths",
     "check_mask_token",
     "check_method",
+    "check_nodes",
     "check_safetensors",
     "check_template",
     "check_vllm_python",
@@ -113,6 +115,7 @@ def preflight(config: PipelineConfig, until: str = STAGES[-1]) -> PreflightRepor
     check_vllm_python(config, report)
     check_devices(config, report)
     check_hidden_states_backend(config, report)
+    check_nodes(config, report)
     check_endpoints(config, report)
     load_target(config, report)
     model_config, tokenizer = report.model_config, report.tokenizer

@@ -190,3 +190,23 @@ def check_init_from(config: PipelineConfig, model_config: Any, report: Preflight
         f"train.init_from {start.folder} ({start.format} format) reads this target at layers "
         f"{start.aux_layer_ids}, draft vocab {start.config.draft_vocab_size}"
     )
+
+
+def check_nodes(config: PipelineConfig, report: PreflightReport) -> None:
+    """train.nnodes > 1: the machines joining read the features from servers they reach,
+    never from one eaglet starts on the leading machine's 127.0.0.1."""
+    train, vllm = config.train, config.hidden_states.vllm
+    if train.nnodes == 1:
+        return
+    served = train.hidden_states == "online" and config.hidden_states.backend == "vllm"
+    if served and vllm.vllm_python:
+        report.problems.append(
+            f"train.nnodes={train.nnodes} with hidden_states.vllm.vllm_python: eaglet would "
+            "start the capture server on the leading machine's 127.0.0.1, which the other "
+            "machines cannot reach; start capture servers every machine reaches (python -m "
+            "eaglet.hidden_states.capture_server) and list them in hidden_states.vllm.endpoints"
+        )
+    else:
+        report.passed.append(
+            f"train.nnodes={train.nnodes}: the machines meet at {train.rdzv_endpoint}"
+        )

@@ -13,7 +13,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from eaglet.config import PipelineConfig
-from eaglet.draft.launch import feature_disk, pipeline_job, run_training
+from eaglet.draft.job import feature_disk, pipeline_job
+from eaglet.draft.launch import run_training
 from eaglet.draft.methods import draft_method
 from eaglet.hidden_states.backends import hidden_states_backend
 from eaglet.progress import Throttle
@@ -59,7 +60,7 @@ def run(
             features_info=None if features is None else features.info,
             examples_path=examples_path,
         )
-        summary = run_training(job, config.train.nproc_per_node, progress, ctx.info)
+        summary = run_training(job, progress=progress, log_line=ctx.info)
     method = draft_method(config.train.method)
     # engine -> folder (beside `draft/`) of every export, so tools outside find each
     summary["exports"] = method.exports(
@@ -69,8 +70,8 @@ def run(
         "method": method.name,
         **summary,
         **feature_disk(config, features_dir, examples_path),
-        "aux_layer_ids": job["aux_layer_ids"],
-        "aux_layer_convention": job["aux_layer_convention"],
+        "aux_layer_ids": job.aux_layer_ids,
+        "aux_layer_convention": job.aux_layer_convention,
     }
     for name in ("draft_dir", "state_dir", "metrics_path", "loss_plot"):  # once finished
         if info.get(name):

@@ -33,6 +33,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             problems += _doctor_canary(config, tokenizer)
         except Exception as exc:
             problems.append(f"the canary could not run: {type(exc).__name__}: {exc}")
+    from eaglet.draft.split_plan import doctor_lines  # online from servers: rates, split
+
+    print("\n".join(doctor_lines(config)) or "split: not planned (no served online training)")
     for problem in problems:
         print(f"problem: {problem}")
     print("doctor: ok" if not problems else f"doctor: {len(problems)} problem(s)")

@@ -190,7 +190,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.plan:
         return print_plan(config, args.until, args.refresh_from)
     args.run_started, args.loaded_config = started, config  # for main's error report
-    with work_dir_lock.held(config.work_dir):  # a second run fails here, before any start-up
+    from eaglet.draft.launch import held_or_joined
+
+    with held_or_joined(config) as joined:  # a second run fails here (or joins: train.nnodes)
+        if joined is not None:
+            return joined
         result = _run_pipeline(config, args.until, args.refresh_from, args.retry_failed)
     _print_run(result, time.time() - started)
     if result["evaluation"]:

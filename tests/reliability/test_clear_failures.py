@@ -91,7 +91,7 @@ def test_serve_with_a_dead_loopback_api_url_says_so_in_seconds(tmp_path, monkeyp
 
     monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{free_port()}/api")
     # other tests of this suite may be running a Prefect server on this machine meanwhile
-    monkeypatch.setattr(prefect_server, "prefect_server_starting", lambda: False)
+    monkeypatch.setattr(prefect_server, "prefect_server_starting", lambda **_: False)
     assert cli.main(["serve"]) == 2
     err = capsys.readouterr().err
     assert "no Prefect server answers" in err and "no process here is starting one" in err

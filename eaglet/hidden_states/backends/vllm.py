@@ -32,7 +32,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from itertools import cycle
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +39,9 @@ from pydantic import ConfigDict, Field
 
 import eaglet
 from eaglet.config_fields import CACHE_NEUTRAL, LOCAL_PATH, BaseUrl
+from eaglet.errors import is_transient_status
 from eaglet.hidden_states.backends.base import BackendSettings, Sample
+from eaglet.hidden_states.capture_pool import CapturePool
 from eaglet.hidden_states.layers import layer_ids_of, resolve_aux_layer_ids
 
 if TYPE_CHECKING:  # imported where used: a config loads this module (eaglet.config)
@@ -155,6 +156,39 @@ def server_args(
     ]
 
 
+def capture_server_command(
+    config: PipelineConfig, port: int, connector: str, host: str = "127.0.0.1"
+) -> tuple[list[str], dict[str, str]]:
+    """The command and added environment of a capture server for `config`'s target: vLLM
+    (`hidden_states.vllm.vllm_python`, or `python` on the PATH) with extract_hidden_states at
+    the run's layers and the connector writing into `connector` (CPU: eaglet's connector,
+    importable through PYTHONPATH; GPU: vLLM's stock one), plus `hidden_states.vllm.vllm_args`.
+    What `started_server` runs, and what a cluster starts on each capture node
+    (`python -m eaglet.hidden_states.capture_server`)."""
+    from eaglet.target import load_config, resolve_device, target_dtype
+
+    settings, target = config.hidden_states.vllm, config.target
+    num_layers = load_config(target).num_hidden_layers
+    aux_layer_ids = layer_ids_of(config, num_layers)  # the layers the stage asks for
+    cpu = resolve_device(target.device) == "cpu"
+    command = [
+        settings.vllm_python or "python", "-m", "vllm.entrypoints.openai.api_server",
+        "--model", target.model, "--served-model-name", settings.served_model,
+        "--host", host, "--port", str(port), "--dtype", target_dtype(target),
+    ]  # fmt: skip
+    if target.revision:
+        command += ["--revision", target.revision]
+    if target.trust_remote_code:
+        command += ["--trust-remote-code"]
+    command += server_args(aux_layer_ids, num_layers, connector, cpu=cpu)
+    command += settings.vllm_args
+    env = {}
+    if cpu:  # the server imports eaglet's CPU-safe connector from this installation
+        package_root = str(Path(eaglet.__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, os.getenv("PYTHONPATH")]))
+    return command, env
+
+
 @contextmanager
 def started_server(
     config: PipelineConfig, folder: Path, report: Callable[[str], None] = print
@@ -162,33 +196,15 @@ def started_server(
     """`config` unchanged, unless it has `hidden_states.vllm.vllm_python`: then a server for
     the target started here (log `folder/vllm_server.log`, connector files in
     `folder/connector`, removed afterwards), and `config` with `endpoints` naming it."""
-    from eaglet.target import load_config, resolve_device, target_dtype
     from eaglet.vllm_process import free_port, vllm_server
 
     settings, target = config.hidden_states.vllm, config.target
     if not settings.vllm_python:
         yield config
         return
-    num_layers = load_config(target).num_hidden_layers
-    aux_layer_ids = layer_ids_of(config, num_layers)  # the layers the stage asks for
     connector = Path(folder) / "connector"
     connector.mkdir(parents=True, exist_ok=True)
-    cpu = resolve_device(target.device) == "cpu"
-    command = [
-        settings.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", target.model, "--served-model-name", settings.served_model,
-        "--host", "127.0.0.1", "--port", str(free_port()), "--dtype", target_dtype(target),
-    ]  # fmt: skip
-    if target.revision:
-        command += ["--revision", target.revision]
-    if target.trust_remote_code:
-        command += ["--trust-remote-code"]
-    command += server_args(aux_layer_ids, num_layers, str(connector), cpu=cpu)
-    command += settings.vllm_args
-    env = {}
-    if cpu:  # the server imports eaglet's CPU-safe connector from this installation
-        package_root = str(Path(eaglet.__file__).resolve().parents[1])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, os.getenv("PYTHONPATH")]))
+    command, env = capture_server_command(config, free_port(), str(connector))
     log_path = Path(folder) / "vllm_server.log"
     report(f"hidden states: starting a vLLM server for {target.model} (log {log_path})")
     try:
@@ -336,7 +352,7 @@ class VllmBackend:
         self.settings = settings.vllm
         self.norm = FinalNorm(target)
         self.client = httpx.Client(timeout=self.settings.request_timeout_s)
-        self._endpoints = cycle([e.rstrip("/") for e in self.settings.endpoints])
+        self.pool = CapturePool(list(self.settings.endpoints))  # balance, failures, rates
 
     def _local_path(self, url: str, sample_id: str, server_path: Any) -> str:
         """The connector file a response names, inside the connector folder eaglet configured
@@ -353,17 +369,41 @@ class VllmBackend:
         return str(Path(self.settings.connector_path) / name)
 
     def one(self, example: Sample) -> dict[str, torch.Tensor]:
-        """Features of one example: aux [T, kH], final [T, H] (post-norm)."""
-        from safetensors import SafetensorError
+        """Features of one example: aux [T, kH], final [T, H] (post-norm), from the capture
+        server the pool picks; a server that fails in a way that may pass (no answer, 408,
+        429, 5xx) is left for a while and the request sent again (`CapturePool`)."""
+        import httpx
 
-        url = f"{next(self._endpoints)}/v1/completions"
-        body = {
+        server = None
+        for _ in range(self.pool.tries):
+            server = self.pool.pick(avoid=server)
+            url = f"{server.url}/v1/completions"
+            try:
+                with self.pool.request(server):
+                    response = self.client.post(url, json=self._body(example))
+            except (httpx.TransportError, httpx.TimeoutException) as exc:
+                self.pool.failed(server, f"{type(exc).__name__}: {exc}"[:200])
+                continue
+            if is_transient_status(response.status_code):
+                self.pool.failed(server, f"answered {response.status_code}")
+                continue
+            features = self._read(example, url, response)
+            self.pool.answered(server, len(example.input_ids))
+            return features
+        raise self.pool.gave_up(example.sample_id)
+
+    def _body(self, example: Sample) -> dict[str, Any]:
+        return {
             "model": self.settings.served_model,
             "prompt": example.input_ids,
             "max_tokens": 1,
             "temperature": 0.0,
         }
-        response = self.client.post(url, json=body)
+
+    def _read(self, example: Sample, url: str, response: Any) -> dict[str, torch.Tensor]:
+        """The features a 200 names (its connector file, checked to be this request's)."""
+        from safetensors import SafetensorError
+
         if response.status_code != 200:
             raise RuntimeError(
                 f"sample {example.sample_id}: {url} answered {response.status_code}: "
@@ -437,6 +477,10 @@ class VllmBackend:
             if on_tokens is not None:
                 on_tokens(len(example.input_ids))
         return out
+
+    def server_stats(self) -> dict[str, dict]:
+        """Per capture server: samples, tokens, busy seconds, retries (`CapturePool.stats`)."""
+        return self.pool.stats()
 
     def close(self) -> None:
         self.client.close()
