@@ -1197,8 +1197,10 @@ def test_a_changed_target_fires_the_watch_and_the_refresh_retrains_and_promotes(
 
     target, work = tmp_path / "target", tmp_path / "work"
     shutil.copytree(fixture_model_dir, target)
-    config = _config(  # a small draft feels the drift by a few %: refresh beyond 1 %
-        tmp_path, target, sample_data_dir, "name=follow", "train.epochs=2", "refresh.max_drop=0.01",
+    config = _config(  # a small draft feels the drift by a few %: refresh beyond 1 %; trained
+        # past its warmup (24 steps), so that half of them from it is a training, not noise
+        tmp_path, target, sample_data_dir, "name=follow", "train.epochs=8", "train.warmup_steps=2",
+        "refresh.max_drop=0.01", "refresh.epochs_fraction=0.5",
         f"evaluate.sets=[{{name: gsm8k, path: {sample_data_dir / 'gsm8k.jsonl'}, limit: 6}}]",
     )  # fmt: skip
     first, _ = _run(served.client, served.deployments["pipeline"], {"config": config})

@@ -133,7 +133,7 @@ def online(connector: Path, urls) -> dict:
     return {
         "backend": "vllm", "aux_layer_ids": AUX,
         "vllm": {"endpoints": list(urls), "connector_path": str(connector), "concurrency": 4,
-                 "request_timeout_s": 60},
+                 "request_timeout_s": 300},  # one server answers both ranks on a loaded box
     }  # fmt: skip
 
 
@@ -230,7 +230,12 @@ def test_two_nodes_killed_and_resumed_train_every_sample_once(fixture_model_dir,
     other = joining(config, root / "nodes.yaml", root / "joining-2.log")
     try:
         with work_dir_lock.held(work, log=lambda _: None):
-            resumed = launch(job, progress=kill_server_at_8, log_line=print)
+            try:
+                resumed = launch(job, progress=kill_server_at_8, log_line=print)
+            except RuntimeError:  # the joining machine's side too, and the servers'
+                for log in ["joining-2.log", "server0.log", "server1.log"]:
+                    print(f"--- {log}:\n" + (root / log).read_text()[-4000:])
+                raise
         assert other.wait(timeout=120) == 0, (root / "joining-2.log").read_text()[-3000:]
     finally:
         if other.poll() is None:
