@@ -340,6 +340,18 @@ def render_run_report(run: dict[str, Any], manifests: dict[str, dict[str, Any]])
         lines += ["", "## Key figures", "", *figures_lines]
     if why_lines:
         lines += ["", "## Why stages ran", "", *why_lines]
+    checks = next(
+        (
+            manifests[stage]["info"]["engine_checks"]
+            for stage in reversed(STAGES)
+            if manifests.get(stage, {}).get("info", {}).get("engine_checks")
+        ),
+        None,
+    )  # the evaluate stage's rows (vLLM's parse, served tau), else the train stage's
+    if checks:
+        from eaglet.draft.engine_check import rows_text
+
+        lines += ["", "## Engine check", "", *[f"- {plain(line)}" for line in rows_text(checks)]]
     for stage in failed:
         lines += ["", failure_note(stage, stages[stage], run)]
     return "\n".join(lines) + "\n"

@@ -7,12 +7,15 @@ gc` prunes) and read back by the next evaluate of a draft of the same shape."""
 from __future__ import annotations
 
 import hashlib
+import json
 from datetime import timedelta
 from pathlib import Path
 
 from eaglet.cache import code_hash, stage_config
 from eaglet.config import PipelineConfig
+from eaglet.draft.engine_check import check_exports, engine_check_cells
 from eaglet.draft.evaluate import evaluation_report
+from eaglet.draft.methods import draft_method
 from eaglet.draft.methods.registry import DEFAULT_METHOD
 from eaglet.draft.sampled import sampled_summary, sampled_text
 from eaglet.draft.segments import segments_text
@@ -68,6 +71,8 @@ def run(
     heldout = heldout_prompts(config, inputs["prompts"])
     # The vLLM export; layer ids from the draft's own config: what a server reads.
     draft_dir = stage_dir(config.work_dir, inputs["draft"]) / DRAFT_FOLDER
+    # every export held to its engine's conventions and parsed by vLLM, before it is measured
+    engine_rows = engine_checks(config, inputs["draft"], draft_dir)
     tokenizer = load_tokenizer(config.target)
     eos = end_token_ids(config.target, tokenizer)
     # τ per segment (thinking, answer, tool), split from output ids as extract splits them
@@ -102,8 +107,21 @@ def run(
             for category, f in [(None, s), *s.get("categories", {}).items()]
         ]  # fmt: skip
         ctx.table("evaluation-sets", rows, "τ per named evaluation set and category")
-    publish(ctx, report, len(heldout), report["draft"]["num_speculative_tokens"], folder)
     trained, served, sampled = report["draft"], report.get("served"), report.get("sampled")
+    for row in engine_rows:  # one draft in every export: the offline tau is each one's
+        row["offline_tau"] = trained["tau"]
+        if row["export"] == "vllm" and served is not None:
+            row.update(loaded=True, served_tau=served["tau"])
+    report["engine_checks"] = engine_rows
+    write_json_atomic(folder / REPORT_FILE, report)
+    publish(ctx, report, len(heldout), report["draft"]["num_speculative_tokens"], folder)
+    if engine_rows:
+        ctx.table(
+            "engine-check",
+            [engine_check_cells(row) for row in engine_rows],
+            "each export: its engine's conventions, vLLM's own parse of it (no server), "
+            "loaded and served tau where the served check ran it, offline tau",
+        )
     return StageOutput(
         counts={"records": len(heldout)},
         info={
@@ -131,8 +149,27 @@ def run(
                 else {}
             ),  # fmt: skip
             **({"sampled": sampled_summary(sampled)} if sampled is not None else {}),
+            **({"engine_checks": engine_rows} if engine_rows else {}),
         },
     )
+
+
+def engine_checks(config: PipelineConfig, draft: Manifest, draft_dir: Path) -> list[dict]:
+    """The engine check of every export the train stage recorded (`eaglet.draft.engine_check`),
+    with vLLM's own parse when a vLLM venv is configured (evaluate.vllm_python); [] for a
+    train manifest from before exports named their layer ids."""
+    ids = draft.info.get("aux_layer_ids")
+    if ids is None:
+        return []
+    method = draft_method(draft.info.get("method", DEFAULT_METHOD))
+    settings = config.evaluate
+    saved = json.loads((draft_dir / "config.json").read_text())
+    return check_exports(
+        method, draft_dir.parent, draft.info.get("exports") or {"vllm": DRAFT_FOLDER},
+        [int(i) for i in ids], config.target, method.positions(config.train),
+        vllm_python=settings.vllm_python,
+        served_k=method.evaluation_k(saved, settings.num_speculative_tokens),
+    )  # fmt: skip
 
 
 def publish(

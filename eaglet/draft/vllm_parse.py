@@ -1,0 +1,52 @@
+"""Run by the vLLM venv's python, never imported by eaglet (which it cannot import): vLLM's own
+parse of a `vllm serve` command line for the target with a draft, without serving.
+
+`python vllm_parse.py '{"args": [...]}'` builds vLLM's engine config from `args` as `vllm
+serve` does (`EngineArgs.from_cli_args(...).create_engine_config()`: the target's and the
+draft's `ModelConfig` from their config.json files, the `SpeculativeConfig` with its checks of
+the method, k and the draft), then resolves the draft's architecture in vLLM's model registry
+(imports the class, loads no weights), and prints one JSON line:
+`{"version", "parsed", "method", "num_speculative_tokens", "per_batch_size",
+"draft_architectures", "draft_class", "error"}`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main() -> None:
+    request = json.loads(sys.argv[1])
+    out: dict[str, object] = {"parsed": False}
+    try:
+        import vllm
+
+        out["version"] = vllm.__version__
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.model_executor.models.registry import ModelRegistry
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+        engine_args = EngineArgs.from_cli_args(parser.parse_args(request["args"]))
+        spec = engine_args.create_engine_config().speculative_config
+        if spec is None:
+            raise ValueError("vLLM built no speculative config from the command line")
+        out.update(
+            parsed=True,
+            method=spec.method,
+            num_speculative_tokens=spec.num_speculative_tokens,
+            per_batch_size=spec.num_speculative_tokens_per_batch_size,
+        )
+        draft = spec.draft_model_config
+        if draft is not None:
+            out["draft_architectures"] = list(draft.architectures or [])
+            cls, _ = ModelRegistry.resolve_model_cls(draft.architectures, draft)
+            out["draft_class"] = f"{cls.__module__}.{cls.__name__}"
+    except BaseException as error:  # the engine's refusal is the result
+        out["error"] = f"{type(error).__name__}: {error}"[:2000]
+    print("EAGLET_VLLM_PARSE " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
