@@ -17,6 +17,7 @@ from eaglet.draft.engine_check import check_exports, engine_check_cells
 from eaglet.draft.evaluate import evaluation_report
 from eaglet.draft.methods import draft_method
 from eaglet.draft.methods.registry import DEFAULT_METHOD
+from eaglet.draft.model_card import model_card, upstream_manifests, write_card_folders
 from eaglet.draft.sampled import sampled_summary, sampled_text
 from eaglet.draft.segments import segments_text
 from eaglet.draft.set_evaluation import evaluate_sets
@@ -113,6 +114,8 @@ def run(
         if row["export"] == "vllm" and served is not None:
             row.update(loaded=True, served_tau=served["tau"])
     report["engine_checks"] = engine_rows
+    report["prompts_sha256"] = hashlib.sha256(canonical_json(heldout).encode()).hexdigest()
+    report["cards"] = write_cards(config, inputs["draft"], report, folder)
     write_json_atomic(folder / REPORT_FILE, report)
     publish(ctx, report, len(heldout), report["draft"]["num_speculative_tokens"], folder)
     if engine_rows:
@@ -152,6 +155,40 @@ def run(
             **({"engine_checks": engine_rows} if engine_rows else {}),
         },
     )
+
+
+def write_cards(config: PipelineConfig, draft: Manifest, report: dict, folder: Path) -> dict:
+    """A model card for each export, in this folder's own copy of it
+    (`eaglet.draft.model_card`: why not in the train folder); export -> folder."""
+    from eaglet.fingerprints import model_fingerprint
+
+    train_folder = stage_dir(config.work_dir, draft)
+    exports = draft.info.get("exports") or {"vllm": DRAFT_FOLDER}
+    manifests = {
+        stage: m.model_dump() for stage, m in upstream_manifests(config.work_dir, draft).items()
+    }
+    target = config.target
+    method = draft_method(draft.info.get("method", DEFAULT_METHOD))
+    k = report["draft"]["num_speculative_tokens"]
+    served = report.get("served") or {}
+    cards = {}
+    for export, name in exports.items():
+        spec = {**method.speculative_config(train_folder / name, k), "model": f"./{name}"}
+        records = {
+            "target": {
+                "model": target.model,
+                "revision": target.revision,
+                "fingerprint": model_fingerprint(target.model, target.revision, config.work_dir),
+            },
+            "manifests": manifests,
+            "heldout_sha256": report["prompts_sha256"],
+            "thinking": config.tokenize.chat_template_kwargs.get("enable_thinking"),
+            "serving": None,
+            "served_command": served.get("command") if export == "vllm" else None,
+            "speculative_config": spec,
+        }
+        cards[export] = model_card(export, name, report, records)
+    return write_card_folders(folder, train_folder, exports, cards)
 
 
 def engine_checks(config: PipelineConfig, draft: Manifest, draft_dir: Path) -> list[dict]:
