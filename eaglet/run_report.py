@@ -352,6 +352,12 @@ def render_run_report(run: dict[str, Any], manifests: dict[str, dict[str, Any]])
         from eaglet.draft.engine_check import rows_text
 
         lines += ["", "## Engine check", "", *[f"- {plain(line)}" for line in rows_text(checks)]]
+    calibration = manifests.get(STAGES[-1], {}).get("info", {}).get("calibration")
+    if calibration:
+        bands = ", ".join(f"batch {a}-{b}: k = {k}" for a, b, k in calibration["bands"])
+        lines += ["", "## Serving calibration", "",
+                  f"Best k per band of batch sizes: {bands} ({plain(calibration['schedule'])}).",
+                  "", f"![calibration]({calibration['plot']})"]  # fmt: skip
     for stage in failed:
         lines += ["", failure_note(stage, stages[stage], run)]
     return "\n".join(lines) + "\n"

@@ -190,9 +190,20 @@ def model_card(
     lines += ["", "## Serving", ""]
     serving = records.get("serving")
     if serving is not None:
+        m = serving.get("machine", {})
         lines += [
             "The serving schedule measured for this draft (`serving.json`): k per band of batch "
-            f"sizes, on {serving.get('machine', '?')}, vLLM {serving.get('engine_version', '?')}.",
+            f"sizes, on {m.get('gpu') or m.get('processor')} ({m.get('cpus')} CPUs), vLLM "
+            f"{serving.get('engine_version', '?')}; a server run with it: "
+            f"{serving['schedule_check']['verdict']}.",
+            "",
+            *_table(
+                ["first batch size", "last batch size", "k", "speed-up", "note"],
+                [
+                    [b["first_batch_size"], b["last_batch_size"], b["k"], b["speedup"], b["note"]]
+                    for b in serving["bands"]
+                ],
+            ),  # fmt: skip
             "",
             "```",
             f"vllm serve {target['model']} --speculative-config "

@@ -13,11 +13,22 @@ from pathlib import Path
 
 from eaglet.cache import code_hash, stage_config
 from eaglet.config import PipelineConfig
+from eaglet.draft.calibration import (
+    CALIBRATION_PLOT_FILE,
+    SERVING_FILE,
+    machine,
+    plot_calibration,
+)
 from eaglet.draft.engine_check import check_exports, engine_check_cells
 from eaglet.draft.evaluate import evaluation_report
 from eaglet.draft.methods import draft_method
 from eaglet.draft.methods.registry import DEFAULT_METHOD
-from eaglet.draft.model_card import model_card, upstream_manifests, write_card_folders
+from eaglet.draft.model_card import (
+    EXPORTS_FOLDER,
+    model_card,
+    upstream_manifests,
+    write_card_folders,
+)
 from eaglet.draft.sampled import sampled_summary, sampled_text
 from eaglet.draft.segments import segments_text
 from eaglet.draft.set_evaluation import evaluate_sets
@@ -115,9 +126,24 @@ def run(
             row.update(loaded=True, served_tau=served["tau"])
     report["engine_checks"] = engine_rows
     report["prompts_sha256"] = hashlib.sha256(canonical_json(heldout).encode()).hexdigest()
-    report["cards"] = write_cards(config, inputs["draft"], report, folder)
+    serving = serving_document(report, engine_rows, folder)
+    report["cards"] = write_cards(config, inputs["draft"], report, folder, serving)
     write_json_atomic(folder / REPORT_FILE, report)
     publish(ctx, report, len(heldout), report["draft"]["num_speculative_tokens"], folder)
+    if serving is not None:
+        ctx.image(
+            "calibration-plot",
+            folder / CALIBRATION_PLOT_FILE,
+            "served speed-up against concurrency, one line per k, the chosen k per band circled",
+        )
+        ctx.table(
+            "serving-calibration",
+            [{k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
+             for row in serving["table"]],
+            f"served tokens/s with and without the draft per k and concurrency; schedule: "
+            f"{serving['speculative_config']['num_speculative_tokens_per_batch_size']} "
+            f"({serving['schedule_check']['verdict']})",
+        )  # fmt: skip
     if engine_rows:
         ctx.table(
             "engine-check",
@@ -153,11 +179,54 @@ def run(
             ),  # fmt: skip
             **({"sampled": sampled_summary(sampled)} if sampled is not None else {}),
             **({"engine_checks": engine_rows} if engine_rows else {}),
+            **(
+                {
+                    "calibration": {
+                        "bands": [
+                            (b["first_batch_size"], b["last_batch_size"], b["k"])
+                            for b in serving["bands"]
+                        ],
+                        "schedule": serving["schedule_check"]["verdict"],
+                        "plot": str(final_path(folder / CALIBRATION_PLOT_FILE)),
+                    }
+                }
+                if serving is not None
+                else {}
+            ),  # fmt: skip
         },
     )
 
 
-def write_cards(config: PipelineConfig, draft: Manifest, report: dict, folder: Path) -> dict:
+def serving_document(report: dict, engine_rows: list[dict], folder: Path) -> dict | None:
+    """serving.json of the calibration (`eaglet.draft.calibration`), None without one; its
+    plot written beside report.json."""
+    calibration = (report.get("served") or {}).get("calibration")
+    if not calibration:
+        return None
+    version = next((r.get("version") for r in engine_rows if r["engine"] == "vllm"), None)
+    spec = {
+        **calibration["speculative_config"],
+        "model": str(final_path(folder / EXPORTS_FOLDER / DRAFT_FOLDER)),
+    }
+    plot_calibration(calibration["table"], calibration["bands"], folder / CALIBRATION_PLOT_FILE)
+    return {
+        "speculative_config": spec,
+        "bands": calibration["bands"],
+        "schedule_check": calibration["schedule_check"],
+        "table": calibration["table"],
+        "engine": "vllm",
+        "engine_version": version or "unknown (no vLLM parse in this run)",
+        "machine": machine(),
+        "prompts": report["prompts"],
+        "prompts_sha256": report["prompts_sha256"],
+        "note": "measured by eaglet's served check; a CPU's figures are no GPU's: rerun the "
+        "same command on the machine that serves",
+    }
+
+
+def write_cards(
+    config: PipelineConfig, draft: Manifest, report: dict, folder: Path, serving: dict | None
+) -> dict:
     """A model card for each export, in this folder's own copy of it
     (`eaglet.draft.model_card`: why not in the train folder); export -> folder."""
     from eaglet.fingerprints import model_fingerprint
@@ -183,12 +252,15 @@ def write_cards(config: PipelineConfig, draft: Manifest, report: dict, folder: P
             "manifests": manifests,
             "heldout_sha256": report["prompts_sha256"],
             "thinking": config.tokenize.chat_template_kwargs.get("enable_thinking"),
-            "serving": None,
+            "serving": serving if export == "vllm" else None,
             "served_command": served.get("command") if export == "vllm" else None,
             "speculative_config": spec,
         }
         cards[export] = model_card(export, name, report, records)
-    return write_card_folders(folder, train_folder, exports, cards)
+    written = write_card_folders(folder, train_folder, exports, cards)
+    if serving is not None:
+        write_json_atomic(folder / written["vllm"] / SERVING_FILE, serving)
+    return written
 
 
 def engine_checks(config: PipelineConfig, draft: Manifest, draft_dir: Path) -> list[dict]:
