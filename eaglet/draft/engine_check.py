@@ -200,6 +200,11 @@ def check_exports(
             parse = vllm_parse(vllm_python, target, spec, max_model_len)
             row.update(version=parse.get("version"), parsed=bool(parse.get("parsed")))
             row["draft_class"] = parse.get("draft_class")
+            if parse.get("engine_error"):  # the platform's refusal, not the export's
+                row["parse_note"] = (
+                    "vLLM parsed the export's speculative config; its engine config on this "
+                    f"platform refused: {parse['engine_error']}"
+                )
             if parse.get("error"):
                 row["parse_error"] = parse["error"]
                 problems.append(("engine parse", f"{folder}: vLLM refused it: {parse['error']}"))
