@@ -340,6 +340,24 @@ def render_run_report(run: dict[str, Any], manifests: dict[str, dict[str, Any]])
         lines += ["", "## Key figures", "", *figures_lines]
     if why_lines:
         lines += ["", "## Why stages ran", "", *why_lines]
+    checks = next(
+        (
+            manifests[stage]["info"]["engine_checks"]
+            for stage in reversed(STAGES)
+            if manifests.get(stage, {}).get("info", {}).get("engine_checks")
+        ),
+        None,
+    )  # the evaluate stage's rows (vLLM's parse, served tau), else the train stage's
+    if checks:
+        from eaglet.draft.engine_check import rows_text
+
+        lines += ["", "## Engine check", "", *[f"- {plain(line)}" for line in rows_text(checks)]]
+    calibration = manifests.get(STAGES[-1], {}).get("info", {}).get("calibration")
+    if calibration:
+        bands = ", ".join(f"batch {a}-{b}: k = {k}" for a, b, k in calibration["bands"])
+        lines += ["", "## Serving calibration", "",
+                  f"Best k per band of batch sizes: {bands} ({plain(calibration['schedule'])}).",
+                  "", f"![calibration]({calibration['plot']})"]  # fmt: skip
     for stage in failed:
         lines += ["", failure_note(stage, stages[stage], run)]
     return "\n".join(lines) + "\n"

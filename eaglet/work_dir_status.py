@@ -127,8 +127,12 @@ def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
         if quality_file.exists():
             quality = json.loads(quality_file.read_text())
     training: dict[str, Any] = {}
+    # one row per export and engine: the evaluate stage's (vLLM's parse, served tau) when it
+    # ran, else the train stage's (conventions only)
+    engine_checks: list[dict[str, Any]] = []
     if (train := stages[PRODUCER["draft"]])["status"] == "complete":
         info = read_manifest(Path(train["path"])).info
+        engine_checks = info.get("engine_checks") or []
         training = {
             key: info[key]
             for key in (
@@ -157,12 +161,14 @@ def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
             **({"served_tau": report["served_tau"]} if "served_tau" in report else {}),
             **({"sets": report["sets"]} if "sets" in report else {}),
         }
+        engine_checks = report.get("engine_checks") or engine_checks
     return {
         "work_dir": str(work_dir.resolve()),
         "stages": stages,
         "quality": quality,
         "training": training,
         "evaluation": evaluation,
+        "engine_checks": engine_checks,
     }
 
 

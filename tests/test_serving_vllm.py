@@ -23,6 +23,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -30,7 +31,12 @@ from eaglet.config import EvaluateConfig, TargetConfig, load_config
 from eaglet.draft.evaluate import evaluate_draft, evaluation_report
 from eaglet.draft.methods.eagle3_exports import SPECULATORS_FOLDER
 from eaglet.draft.rejection import verify
-from eaglet.draft.serving import ServingGapError, served_acceptance, speculative_config
+from eaglet.draft.serving import (
+    ServingGapError,
+    read_counters,
+    served_acceptance,
+    speculative_config,
+)
 from eaglet.records.io import read_jsonl
 from eaglet.records.prompts import Prompt
 from eaglet.split import is_heldout
@@ -67,6 +73,9 @@ def run(tmp_path_factory, fixture_model_dir, sample_data_dir) -> dict:
         "evaluate.serving=vllm",
         f"evaluate.vllm_python={vllm_python()}",
         "evaluate.vllm_args=[--enforce-eager]",
+        # the calibration at k = 2 and 3 (3: the served check's own figures): two servers more
+        "evaluate.calibration=true",
+        "evaluate.calibration_k=[2, 3]",
     ]
     args = [
         "run",
@@ -88,6 +97,7 @@ def run(tmp_path_factory, fixture_model_dir, sample_data_dir) -> dict:
     ][:8]
     target = TargetConfig(model=str(fixture_model_dir))
     return {
+        "evaluate_dir": report_path.parent,
         "report": json.loads(report_path.read_text()),
         "draft_dir": draft_dir,
         "prompts": prompts,
@@ -314,3 +324,58 @@ def test_speculators_export_loads_in_vllm_as_speculators_drafts_do(run, tmp_path
     )
     assert in_spec_config["tau"] == pytest.approx(right, abs=0.05)
     assert as_main_model["tau"] == pytest.approx(right, abs=0.05)
+
+
+def test_the_engine_rows_hold_vllms_parse_and_the_served_tau(run):
+    """Each export's row: vLLM parsed it (its registry's EAGLE-3 class); the vLLM export
+    was loaded and served, its served tau the served check's; the card says the same."""
+    report = run["report"]
+    rows = {row["export"]: row for row in report["engine_checks"]}
+    assert set(rows) == {"vllm", "speculators"}  # id 0: no SGLang export
+    for row in rows.values():
+        assert row["parsed"] is True and row["version"] and row["problems"] == []
+        assert row["draft_class"].endswith("llama_eagle3.Eagle3LlamaForCausalLM")
+        assert row["offline_tau"] == report["tau"]
+    assert rows["vllm"]["loaded"] is True and rows["vllm"]["served_tau"] == report["served_tau"]
+    card = (run["evaluate_dir"] / report["cards"]["vllm"] / "README.md").read_text()
+    assert f"τ {report['served_tau']:.3f} from its own counters" in card
+
+
+def test_calibration_writes_serving_json_and_vllm_serves_its_schedule(run, tmp_path):
+    """serving.json beside the evaluate folder's vLLM export: a band per concurrency with the
+    k that was fastest there (or none), from the table at k = 2, 3 and concurrency 1, 4, 16.
+    vLLM started with its config drafts at one request the k of the band of batch size 1
+    (its counters: drafted tokens per draft), as the stage's own schedule check read."""
+    export = run["evaluate_dir"] / run["report"]["cards"]["vllm"]
+    serving = json.loads((export / "serving.json").read_text())
+    table = serving["table"]
+    assert {(r["k"], r["concurrency"]) for r in table} == {
+        (k, c) for k in (2, 3) for c in (1, 4, 16)
+    }
+    spec = serving["speculative_config"]
+    schedule = spec["num_speculative_tokens_per_batch_size"]
+    assert [entry[:2] for entry in schedule] == [[1, 3], [4, 15], [16, 256]]
+    assert spec["model"] == str(export) and serving["engine_version"] == "0.32.0"
+    for row in table:
+        print(
+            f"k {row['k']} concurrency {row['concurrency']:>2}: "
+            f"{row['output_tokens_per_s']:.0f} vs {row['output_tokens_per_s_without_draft']:.0f} "
+            f"tokens/s ({row['speedup']:.2f}x), served tau {row['served_tau']:.3f}"
+        )
+    print("schedule", schedule, serving["schedule_check"])
+    first_k = schedule[0][2]
+    with vllm_server(
+        Path(run["target"].model), tmp_path / "schedule.log",
+        ["--speculative-config", json.dumps(spec)],
+    ) as url:  # fmt: skip
+        with httpx.Client() as client:
+            before = read_counters(client, url)
+            body = {"model": "tiny", "prompt": run["prompts"][0], "max_tokens": 48,
+                    "temperature": 0.0}  # fmt: skip
+            client.post(f"{url}/v1/completions", json=body, timeout=600).raise_for_status()
+            delta = read_counters(client, url) - before
+    if first_k:
+        assert delta.drafts > 0 and delta.draft_tokens / delta.drafts == pytest.approx(first_k)
+    else:
+        assert delta.drafts == 0  # the band says: no drafts at one request
+    assert serving["schedule_check"]["per_concurrency"][0]["band_k"] == first_k

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -99,6 +99,17 @@ class EvaluateConfig(Strict):
         "output token and the speed-up, with served τ from this run's counter differences. "
         "Empty: no speed-up table.",
         json_schema_extra=CACHE_NEUTRAL,
+    )
+    calibration: bool = Field(
+        False,
+        description="With serving: vllm, speedup_concurrency and a server eaglet starts: also "
+        "serve the draft at each k of calibration_k at each concurrency, pick the best k per "
+        "band of batch sizes and write serving.json (vLLM's --speculative-config with "
+        "num_speculative_tokens_per_batch_size) beside the evaluate folder's vLLM export.",
+    )
+    calibration_k: list[Annotated[int, Field(ge=1, le=16)]] = Field(
+        default_factory=list,
+        description="The k values the calibration serves (empty: 1 to the evaluated k).",
     )
     max_serving_gap: float = Field(
         0.25,

@@ -303,7 +303,67 @@ def measure_served(
         with vllm_server(plain, **alone) as base_url:
             without = throughput(base_url, prompts, settings, stop_token_ids, counters=False)
         served["speedup"] = speedup_table(with_draft, without)
+        if settings.calibration:
+            served["calibration"] = calibrate(
+                settings, target, draft_dir, prompts, stop_token_ids, log_path, max_model_len,
+                {k: with_draft}, without,
+            )  # fmt: skip
     return served
+
+
+def calibrate(
+    settings: EvaluateConfig,
+    target: TargetConfig,
+    draft_dir: Path,
+    prompts: list[list[int]],
+    stop_token_ids: list[int],
+    log_path: Path,
+    max_model_len: int,
+    measured: dict[int, dict[int, dict]],
+    without: dict[int, dict],
+) -> dict:
+    """The served figures at each k of the calibration (`eaglet.draft.calibration`), a
+    server per k not yet `measured`, the bands' best k and a last server run with that
+    schedule, whose counters say whether the build applies it."""
+    from eaglet.draft.calibration import (
+        bands,
+        calibration_table,
+        schedule_applied,
+        scheduled_config,
+    )
+
+    evaluated = next(iter(measured))
+    ks = settings.calibration_k or list(range(1, evaluated + 1))
+    by_k = {k: rows for k, rows in measured.items() if k in ks}
+
+    def serve(k: int, spec: dict | None, name: str) -> dict[int, dict]:
+        command = vllm_command(
+            settings.vllm_python, target, draft_dir, k, free_port(), max_model_len,
+            settings.vllm_args,
+        )  # fmt: skip
+        if spec is not None:
+            command[command.index("--speculative-config") + 1] = json.dumps(spec)
+        started = dict(
+            log_path=log_path.with_name(f"{log_path.stem}-{name}.log"),
+            startup_timeout_s=settings.serving_startup_timeout_s,
+            timeout_setting="evaluate.serving_startup_timeout_s",
+        )  # fmt: skip
+        with vllm_server(command, **started) as base_url:
+            return throughput(base_url, prompts, settings, stop_token_ids, counters=True)
+
+    for k in ks:
+        if k not in by_k:
+            by_k[k] = serve(k, None, f"k{k}")
+    table = calibration_table(by_k, without)
+    chosen = bands(table)
+    spec = scheduled_config(speculative_config(draft_dir, max(ks)), chosen)
+    check = serve(max(ks), spec, "schedule")
+    return {
+        "table": table,
+        "bands": chosen,
+        "speculative_config": spec,
+        "schedule_check": schedule_applied(chosen, check),
+    }
 
 
 def throughput(
@@ -352,6 +412,9 @@ def throughput(
             if before is not None:
                 delta = read_counters(client, base_url) - before
                 row["served_tau"] = delta.tau if delta.drafts else None
+                row["draft_tokens_per_draft"] = (
+                    delta.draft_tokens / delta.drafts if delta.drafts else None
+                )
             out[c] = row
     return out
 

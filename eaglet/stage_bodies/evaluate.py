@@ -7,13 +7,28 @@ gc` prunes) and read back by the next evaluate of a draft of the same shape."""
 from __future__ import annotations
 
 import hashlib
+import json
 from datetime import timedelta
 from pathlib import Path
 
 from eaglet.cache import code_hash, stage_config
 from eaglet.config import PipelineConfig
+from eaglet.draft.calibration import (
+    CALIBRATION_PLOT_FILE,
+    SERVING_FILE,
+    machine,
+    plot_calibration,
+)
+from eaglet.draft.engine_check import check_exports, engine_check_cells
 from eaglet.draft.evaluate import evaluation_report
+from eaglet.draft.methods import draft_method
 from eaglet.draft.methods.registry import DEFAULT_METHOD
+from eaglet.draft.model_card import (
+    EXPORTS_FOLDER,
+    model_card,
+    upstream_manifests,
+    write_card_folders,
+)
 from eaglet.draft.sampled import sampled_summary, sampled_text
 from eaglet.draft.segments import segments_text
 from eaglet.draft.set_evaluation import evaluate_sets
@@ -68,6 +83,8 @@ def run(
     heldout = heldout_prompts(config, inputs["prompts"])
     # The vLLM export; layer ids from the draft's own config: what a server reads.
     draft_dir = stage_dir(config.work_dir, inputs["draft"]) / DRAFT_FOLDER
+    # every export held to its engine's conventions and parsed by vLLM, before it is measured
+    engine_rows = engine_checks(config, inputs["draft"], draft_dir)
     tokenizer = load_tokenizer(config.target)
     eos = end_token_ids(config.target, tokenizer)
     # τ per segment (thinking, answer, tool), split from output ids as extract splits them
@@ -102,8 +119,38 @@ def run(
             for category, f in [(None, s), *s.get("categories", {}).items()]
         ]  # fmt: skip
         ctx.table("evaluation-sets", rows, "τ per named evaluation set and category")
-    publish(ctx, report, len(heldout), report["draft"]["num_speculative_tokens"], folder)
     trained, served, sampled = report["draft"], report.get("served"), report.get("sampled")
+    for row in engine_rows:  # one draft in every export: the offline tau is each one's
+        row["offline_tau"] = trained["tau"]
+        if row["export"] == "vllm" and served is not None:
+            row.update(loaded=True, served_tau=served["tau"])
+    report["engine_checks"] = engine_rows
+    report["prompts_sha256"] = hashlib.sha256(canonical_json(heldout).encode()).hexdigest()
+    serving = serving_document(report, engine_rows, folder)
+    report["cards"] = write_cards(config, inputs["draft"], report, folder, serving)
+    write_json_atomic(folder / REPORT_FILE, report)
+    publish(ctx, report, len(heldout), report["draft"]["num_speculative_tokens"], folder)
+    if serving is not None:
+        ctx.image(
+            "calibration-plot",
+            folder / CALIBRATION_PLOT_FILE,
+            "served speed-up against concurrency, one line per k, the chosen k per band circled",
+        )
+        ctx.table(
+            "serving-calibration",
+            [{k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
+             for row in serving["table"]],
+            f"served tokens/s with and without the draft per k and concurrency; schedule: "
+            f"{serving['speculative_config']['num_speculative_tokens_per_batch_size']} "
+            f"({serving['schedule_check']['verdict']})",
+        )  # fmt: skip
+    if engine_rows:
+        ctx.table(
+            "engine-check",
+            [engine_check_cells(row) for row in engine_rows],
+            "each export: its engine's conventions, vLLM's own parse of it (no server), "
+            "loaded and served tau where the served check ran it, offline tau",
+        )
     return StageOutput(
         counts={"records": len(heldout)},
         info={
@@ -131,8 +178,107 @@ def run(
                 else {}
             ),  # fmt: skip
             **({"sampled": sampled_summary(sampled)} if sampled is not None else {}),
+            **({"engine_checks": engine_rows} if engine_rows else {}),
+            **(
+                {
+                    "calibration": {
+                        "bands": [
+                            (b["first_batch_size"], b["last_batch_size"], b["k"])
+                            for b in serving["bands"]
+                        ],
+                        "schedule": serving["schedule_check"]["verdict"],
+                        "plot": str(final_path(folder / CALIBRATION_PLOT_FILE)),
+                    }
+                }
+                if serving is not None
+                else {}
+            ),  # fmt: skip
         },
     )
+
+
+def serving_document(report: dict, engine_rows: list[dict], folder: Path) -> dict | None:
+    """serving.json of the calibration (`eaglet.draft.calibration`), None without one; its
+    plot written beside report.json."""
+    calibration = (report.get("served") or {}).get("calibration")
+    if not calibration:
+        return None
+    version = next((r.get("version") for r in engine_rows if r["engine"] == "vllm"), None)
+    spec = {
+        **calibration["speculative_config"],
+        "model": str(final_path(folder / EXPORTS_FOLDER / DRAFT_FOLDER)),
+    }
+    plot_calibration(calibration["table"], calibration["bands"], folder / CALIBRATION_PLOT_FILE)
+    return {
+        "speculative_config": spec,
+        "bands": calibration["bands"],
+        "schedule_check": calibration["schedule_check"],
+        "table": calibration["table"],
+        "engine": "vllm",
+        "engine_version": version or "unknown (no vLLM parse in this run)",
+        "machine": machine(),
+        "prompts": report["prompts"],
+        "prompts_sha256": report["prompts_sha256"],
+        "note": "measured by eaglet's served check; a CPU's figures are no GPU's: rerun the "
+        "same command on the machine that serves",
+    }
+
+
+def write_cards(
+    config: PipelineConfig, draft: Manifest, report: dict, folder: Path, serving: dict | None
+) -> dict:
+    """A model card for each export, in this folder's own copy of it
+    (`eaglet.draft.model_card`: why not in the train folder); export -> folder."""
+    from eaglet.fingerprints import model_fingerprint
+
+    train_folder = stage_dir(config.work_dir, draft)
+    exports = draft.info.get("exports") or {"vllm": DRAFT_FOLDER}
+    manifests = {
+        stage: m.model_dump() for stage, m in upstream_manifests(config.work_dir, draft).items()
+    }
+    target = config.target
+    method = draft_method(draft.info.get("method", DEFAULT_METHOD))
+    k = report["draft"]["num_speculative_tokens"]
+    served = report.get("served") or {}
+    cards = {}
+    for export, name in exports.items():
+        spec = {**method.speculative_config(train_folder / name, k), "model": f"./{name}"}
+        records = {
+            "target": {
+                "model": target.model,
+                "revision": target.revision,
+                "fingerprint": model_fingerprint(target.model, target.revision, config.work_dir),
+            },
+            "manifests": manifests,
+            "heldout_sha256": report["prompts_sha256"],
+            "thinking": config.tokenize.chat_template_kwargs.get("enable_thinking"),
+            "serving": serving if export == "vllm" else None,
+            "served_command": served.get("command") if export == "vllm" else None,
+            "speculative_config": spec,
+        }
+        cards[export] = model_card(export, name, report, records)
+    written = write_card_folders(folder, train_folder, exports, cards)
+    if serving is not None:
+        write_json_atomic(folder / written["vllm"] / SERVING_FILE, serving)
+    return written
+
+
+def engine_checks(config: PipelineConfig, draft: Manifest, draft_dir: Path) -> list[dict]:
+    """The engine check of every export the train stage recorded (`eaglet.draft.engine_check`),
+    with vLLM's own parse when a vLLM venv is configured (evaluate.vllm_python); [] for a
+    train manifest from before exports named their layer ids."""
+    ids = draft.info.get("aux_layer_ids")
+    if ids is None:
+        return []
+    method = draft_method(draft.info.get("method", DEFAULT_METHOD))
+    settings = config.evaluate
+    saved = json.loads((draft_dir / "config.json").read_text())
+    return check_exports(
+        method, draft_dir.parent, draft.info.get("exports") or {"vllm": DRAFT_FOLDER},
+        [int(i) for i in ids], config.target, method.positions(config.train),
+        vllm_python=settings.vllm_python,
+        served_k=method.evaluation_k(saved, settings.num_speculative_tokens),
+    )  # fmt: skip
 
 
 def publish(

@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from eaglet.config import PipelineConfig
+from eaglet.draft.engine_check import check_exports, engine_check_cells
 from eaglet.draft.job import feature_disk, pipeline_job
 from eaglet.draft.launch import run_training
 from eaglet.draft.methods import draft_method
@@ -63,8 +64,12 @@ def run(
         summary = run_training(job, progress=progress, log_line=ctx.info)
     method = draft_method(config.train.method)
     # engine -> folder (beside `draft/`) of every export, so tools outside find each
-    summary["exports"] = method.exports(
-        folder / DRAFT_FOLDER, config.target, method.positions(config.train)
+    k = method.positions(config.train)
+    summary["exports"] = method.exports(folder / DRAFT_FOLDER, config.target, k)
+    # before any export is recorded: the conventions engines read silently (vLLM's own parse
+    # is the evaluate stage's, which knows the vLLM venv); a broken one fails the stage here
+    summary["engine_checks"] = check_exports(
+        method, folder, summary["exports"], job.aux_layer_ids, config.target, k
     )
     info = {
         "method": method.name,
@@ -78,8 +83,14 @@ def run(
             info[name] = str(final_path(Path(info[name])))
     ctx.markdown(
         "draft-training",
-        figures_markdown("Draft training", info),
+        figures_markdown("Draft training", {k: v for k, v in info.items() if k != "engine_checks"}),
         "the trained draft: vocabulary, samples, loss, exports and their folders",
+    )
+    ctx.table(
+        "engine-check",
+        [engine_check_cells(row) for row in summary["engine_checks"]],
+        "each export held to the conventions its engine reads silently (architecture string, "
+        "layer ids, block size, vocabulary); vLLM's own parse follows in evaluate",
     )
     ctx.image(
         "training-loss",

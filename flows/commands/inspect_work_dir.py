@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from eaglet.draft.engine_check import rows_text
 from eaglet.draft.sampled import sampled_text
 from eaglet.draft.segments import segments_text
 from eaglet.run_report import percent, training_line
@@ -75,6 +76,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             print(f"  by segment: {segments_text(e['segments'])}")
         if e.get("sampled"):
             print(f"  {sampled_text(e['sampled'])}")
+    if report.get("engine_checks"):
+        print("engine check:")
+        for line in rows_text(report["engine_checks"]):
+            print(f"  {line}")
     return 0
 
 

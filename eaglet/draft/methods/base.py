@@ -53,6 +53,20 @@ class TrainingView:
         )
 
 
+@dataclass(frozen=True)
+class ExportConvention:
+    """What an engine reads of one export's config.json that fails silently when wrong: the
+    architecture string it routes to a model class, and the key and convention of the layer
+    ids (the engine check, `eaglet.draft.engine_check`, holds every export to it)."""
+
+    engine: str  # the engine that loads the export: vllm | sglang
+    architecture: str  # config.json's architectures[0]
+    engine_class: str  # the class the method means (vLLM: the registry's module.Class)
+    layer_ids_key: str  # where config.json holds the layer ids (dotted: "a.b")
+    layer_id_offset: int  # the file's id = eaglet's id + this: the engine's convention
+    convention: str  # how the engine reads an id, for messages
+
+
 class WeightHolder(Protocol):
     weight: torch.Tensor
 
@@ -138,6 +152,17 @@ class DraftMethod(Protocol):
 
     def exports(self, draft_dir: Path, target: TargetConfig, k: int) -> dict[str, str]:
         """Engine -> folder of every export written beside `draft_dir` (vllm: the draft itself)."""
+        ...
+
+    def export_convention(self, export: str) -> ExportConvention:
+        """What the engine of the export named `export` (an `exports` key) reads of it."""
+        ...
+
+    def export_problems(
+        self, folder: Path, config: ConfigJson, target_vocab: int, k: int
+    ) -> list[tuple[str, str]]:
+        """(convention, what is wrong) of the method's own contracts in one export: its block
+        against `k`, its vocabulary maps against the target's `target_vocab`."""
         ...
 
     # ---------------------------------------------------------------------------- rounds

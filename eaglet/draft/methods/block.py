@@ -34,7 +34,15 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from eaglet.draft.methods.base import Batch, ConfigJson, TargetModel, TrainingView, mask_token, own
+from eaglet.draft.methods.base import (
+    Batch,
+    ConfigJson,
+    ExportConvention,
+    TargetModel,
+    TrainingView,
+    mask_token,
+    own,
+)
 from eaglet.draft.methods.dflash_model import DFlashConfig, DFlashDraft, block_mask
 from eaglet.draft.methods.loss import (
     PositionStats,
@@ -43,7 +51,7 @@ from eaglet.draft.methods.loss import (
     target_probs,
 )
 from eaglet.draft.methods.speculators import speculators_section, verifier_name, write_same_weights
-from eaglet.hidden_states.layers import default_aux_layer_ids
+from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, default_aux_layer_ids
 from eaglet.storage import atomic_folder
 
 if TYPE_CHECKING:
@@ -68,6 +76,12 @@ class BlockMethod:
     )  # fmt: skip
 
     speculators_folder = "draft-speculators-block"  # the method's name in it: vLLM's method
+    # what the engine check holds each export to (`export_convention`): the vLLM export's
+    # architecture, the class vLLM 0.32's registry must route it to, where its layer ids are
+    architecture = "?"
+    speculators_architecture = "?"
+    vllm_class = "?"
+    layer_ids_key = "?"  # in z-lab's convention: eaglet's id - 1
 
     def settings(self, train: TrainConfig) -> BlockSettings:
         raise NotImplementedError
@@ -271,6 +285,58 @@ class BlockMethod:
         }
         write_same_weights(draft_dir, draft_dir.with_name(self.speculators_folder), spec)
         return {"vllm": draft_dir.name, "speculators": self.speculators_folder}
+
+    def evaluation_k(self, config: ConfigJson, requested: int) -> int:
+        raise NotImplementedError(f"{type(self).__name__}: the drafts its block holds")
+
+    def export_convention(self, export: str) -> ExportConvention:
+        if export == "speculators":  # speculators' layout names HF hidden_states indices
+            return ExportConvention(
+                "vllm", self.speculators_architecture, self.vllm_class,
+                "aux_hidden_state_layer_ids", 0, AUX_LAYER_CONVENTION,
+            )  # fmt: skip
+        return ExportConvention(
+            "vllm", self.architecture, self.vllm_class, self.layer_ids_key, -1,
+            "z-lab: id k = the output of decoder layer k = HF hidden_states[k+1]",
+        )  # fmt: skip
+
+    def export_problems(
+        self, folder: Path, config: ConfigJson, target_vocab: int, k: int
+    ) -> list[tuple[str, str]]:
+        """The block against k (a round drafts `evaluation_k` of a block: the export's own k
+        and the one it is served at must be that), the full vocabulary and the mask token."""
+        raw: dict[str, Any] = dict(config)
+        where = Path(folder) / "config.json"
+        problems = []
+        block = (raw.get("dflash_config") or {}).get("block_size") or raw.get("block_size")
+        served = self.evaluation_k(raw, k)
+        if block is None:
+            problems.append(("block size", f"{where}: no block_size"))
+        elif served != k:
+            problems.append((
+                "block size",
+                f"{where}: block_size {block} drafts k = {served} per round, the run's k is {k}",
+            ))  # fmt: skip
+        proposals = (raw.get("speculators_config") or {}).get("proposal_methods") or []
+        for proposal in proposals:
+            if proposal.get("speculative_tokens") != served:
+                problems.append((
+                    "block size",
+                    f"{where}: speculators_config speculative_tokens "
+                    f"{proposal.get('speculative_tokens')}, block_size {block} drafts {served}",
+                ))  # fmt: skip
+        numbers = layer_numbers(raw)
+        if numbers["vocab_size"] != target_vocab:
+            problems.append((
+                "vocabulary",
+                f"{where}: vocab_size {numbers['vocab_size']}, the target's {target_vocab}",
+            ))  # fmt: skip
+        mask = (raw.get("dflash_config") or {}).get("mask_token_id", raw.get("mask_token_id"))
+        if mask is None or not 0 <= int(mask) < target_vocab:
+            problems.append(
+                ("vocabulary", f"{where}: mask_token_id {mask} outside 0..{target_vocab - 1}")
+            )
+        return problems
 
     def fresh_like(self, draft: nn.Module, seed: int) -> DFlashDraft:
         draft = own(draft, DFlashDraft)

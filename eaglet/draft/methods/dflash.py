@@ -32,6 +32,10 @@ class DFlashMethod(BlockMethod):
     name = "dflash"
     label = "DFlash"
     speculators_folder = "draft-speculators-dflash"  # "dflash" in the path: vLLM's method
+    architecture = ARCHITECTURE
+    speculators_architecture = "DFlashSpeculator"
+    vllm_class = "vllm.model_executor.models.qwen3_dflash.DFlashQwen3ForCausalLM"
+    layer_ids_key = "dflash_config.target_layer_ids"
 
     def settings(self, train: TrainConfig) -> DFlashSettings:
         return train.dflash

@@ -92,6 +92,26 @@ class DSparkMethod(BlockMethod):
     name = "dspark"
     label = "DSpark"
     speculators_folder = "draft-speculators-dspark"  # "dspark" in the path: vLLM's method
+    architecture = ARCHITECTURE  # not DSparkDraftModel: vLLM routes that to DeepSeek-V4's class
+    speculators_architecture = "DSparkSpeculator"
+    vllm_class = "vllm.model_executor.models.qwen3_dspark.Qwen3DSparkForCausalLM"
+    layer_ids_key = "dspark_target_layer_ids"
+
+    def export_problems(
+        self, folder: Path, config: ConfigJson, target_vocab: int, k: int
+    ) -> list[tuple[str, str]]:
+        """Beside every block drafter's: the anchor convention vLLM samples by (a draft read
+        the other way is off by one slot, its acceptance capped)."""
+        problems = super().export_problems(folder, config, target_vocab, k)
+        if config.get("sample_from_anchor", True) is not True or config.get("dspark_bonus_anchor"):
+            problems.append((
+                "slot offsets",
+                f"{Path(folder) / 'config.json'}: sample_from_anchor "
+                f"{config.get('sample_from_anchor')}, dspark_bonus_anchor "
+                f"{config.get('dspark_bonus_anchor')}; vLLM 0.32 samples every slot from its "
+                "anchor (true, false)",
+            ))  # fmt: skip
+        return problems
 
     def settings(self, train: TrainConfig) -> DSparkSettings:
         return train.dspark

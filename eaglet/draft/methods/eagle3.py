@@ -21,6 +21,7 @@ from eaglet.draft.methods.base import (
     Batch,
     ConfigJson,
     DraftMethod,
+    ExportConvention,
     TargetModel,
     TrainingView,
     own,
@@ -219,6 +220,19 @@ class Eagle3Method:
         from eaglet.draft.methods.eagle3_exports import write_exports
 
         return write_exports(draft_dir, target, k)
+
+    def export_convention(self, export: str) -> ExportConvention:
+        from eaglet.draft.methods.eagle3_exports import export_convention
+
+        return export_convention(export)
+
+    def export_problems(
+        self, folder: Path, config: ConfigJson, target_vocab: int, k: int
+    ) -> list[tuple[str, str]]:
+        """The vocabulary maps; a chain drafts any k (no block to hold it)."""
+        from eaglet.draft.methods.eagle3_exports import vocab_problems
+
+        return vocab_problems(folder, config, target_vocab)
 
 
 METHOD: DraftMethod = Eagle3Method()  # checked against the seam by the type checker

@@ -35,10 +35,13 @@ import json
 import shutil
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file, save_file
 
 from eaglet.config.target import TargetConfig
+from eaglet.draft.methods.base import ConfigJson, ExportConvention
 from eaglet.draft.methods.eagle3_checkpoint import (
+    ARCHITECTURE,
     AUX_LAYER_CONVENTION,
     MIDLAYER_PREFIX,
     SGLANG_AUX_LAYER_CONVENTION,
@@ -54,6 +57,55 @@ VLLM_FOLDER = "draft"  # written by save_draft; checks outside the repository re
 SGLANG_FOLDER = "draft-sglang"
 SPECULATORS_FOLDER = "draft-speculators-eagle3"  # "eagle3": see the docstring
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
+# vLLM 0.32's registry (`_SPECULATIVE_DECODING_MODELS`): LlamaForCausalLMEagle3 and the class
+# the speculators config converts to both mean this one
+VLLM_CLASS = "vllm.model_executor.models.llama_eagle3.Eagle3LlamaForCausalLM"
+LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+
+
+def export_convention(export: str) -> ExportConvention:
+    """What the engine of each EAGLE-3 export reads of it (the table of the docstring)."""
+    if export == "sglang":
+        return ExportConvention(
+            "sglang", ARCHITECTURE, "sglang LlamaForCausalLMEagle3", LAYER_IDS_KEY, -1,
+            SGLANG_AUX_LAYER_CONVENTION,
+        )  # fmt: skip
+    architecture = SPECULATORS_ARCHITECTURE if export == "speculators" else ARCHITECTURE
+    return ExportConvention(
+        "vllm", architecture, VLLM_CLASS, LAYER_IDS_KEY, 0, AUX_LAYER_CONVENTION
+    )
+
+
+def vocab_problems(folder: Path, config: ConfigJson, target_vocab: int) -> list[tuple[str, str]]:
+    """The draft vocabulary's maps against the target's: `vocab_size` is the target's, `d2t`
+    [Vd] maps each draft id into it, `t2d` [V] marks the target ids drafted."""
+    where = Path(folder) / "config.json"
+    raw: dict = dict(config)
+    layer = {**raw, **(raw.get("transformer_layer_config") or {})}
+    vocab, draft_vocab = int(layer["vocab_size"]), int(raw["draft_vocab_size"])
+    problems = []
+    if vocab != target_vocab:
+        problems.append(
+            ("vocabulary", f"{where}: vocab_size {vocab}, the target's vocabulary {target_vocab}")
+        )
+    tensors = load_file(str(Path(folder) / "model.safetensors"))
+    d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
+    if d2t is None or t2d is None:
+        return problems + [("vocabulary", f"{folder / 'model.safetensors'}: no d2t/t2d maps")]
+    if d2t.numel() != draft_vocab or t2d.numel() != target_vocab:
+        problems.append((
+            "vocabulary",
+            f"{folder / 'model.safetensors'}: d2t has {d2t.numel()} entries, t2d {t2d.numel()}; "
+            f"draft_vocab_size {draft_vocab} and the target's vocabulary {target_vocab} expected",
+        ))  # fmt: skip
+    target_ids = d2t + torch.arange(d2t.numel())
+    if d2t.numel() and (int(target_ids.min()) < 0 or int(target_ids.max()) >= target_vocab):
+        problems.append((
+            "vocabulary",
+            f"{folder / 'model.safetensors'}: d2t maps draft ids to target ids "
+            f"{int(target_ids.min())}..{int(target_ids.max())}, outside 0..{target_vocab - 1}",
+        ))  # fmt: skip
+    return problems
 
 
 def sglang_can_name(ids: list[int]) -> bool:
