@@ -58,3 +58,23 @@ def test_the_plot_is_written(tmp_path):
     table = calibration_table(BY_K, WITHOUT)
     path = plot_calibration(table, bands(table), tmp_path / "calibration.png")
     assert path.stat().st_size > 1000
+
+
+def test_a_calibration_that_would_not_run_is_refused_not_ignored():
+    """calibration_k without calibration, or calibration where no server is started at each k
+    (no vLLM venv, a serving endpoint, no concurrencies), is an error before any stage."""
+    import pytest
+    from pydantic import ValidationError
+
+    from eaglet.config import EvaluateConfig
+
+    runs = dict(serving="vllm", vllm_python="/venv/bin/python", calibration=True)
+    assert EvaluateConfig(**runs, calibration_k=[1, 2]).calibration_k == [1, 2]
+    for bad in (
+        dict(calibration_k=[2]),  # calibration off: calibration_k would do nothing
+        dict(calibration=True),  # no served check at all
+        dict(runs, speedup_concurrency=[]),
+        dict(runs, serving_endpoint="http://127.0.0.1:8000"),
+    ):
+        with pytest.raises(ValidationError, match="evaluate.calibration"):
+            EvaluateConfig(**bad)

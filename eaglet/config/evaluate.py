@@ -132,6 +132,24 @@ class EvaluateConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _calibration_can_run(self) -> EvaluateConfig:
+        """calibration and calibration_k act only where the calibration runs: refused, not
+        ignored, elsewhere."""
+        if (self.calibration or self.calibration_k) and not (
+            self.calibration
+            and self.serving == "vllm"
+            and self.vllm_python
+            and not self.serving_endpoint
+            and self.speedup_concurrency
+        ):
+            raise ValueError(
+                "evaluate.calibration (and calibration_k, which only it reads) needs "
+                "evaluate.calibration=true, serving=vllm, vllm_python (eaglet starts the "
+                "servers at each k), no serving_endpoint, and a non-empty speedup_concurrency"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _serving_needs_a_server(self) -> EvaluateConfig:
         if self.serving == "vllm" and not (self.serving_endpoint or self.vllm_python):
             raise ValueError(

@@ -261,6 +261,14 @@ def check_gap(served: dict, offline_tau: float, max_gap: float, where: str) -> f
     return gap
 
 
+def _started(settings: EvaluateConfig, log_path: Path) -> dict:
+    """How `vllm_server` starts each server of the served check: its log, its time limit."""
+    return dict(
+        log_path=log_path, startup_timeout_s=settings.serving_startup_timeout_s,
+        timeout_setting="evaluate.serving_startup_timeout_s",
+    )  # fmt: skip
+
+
 def measure_served(
     settings: EvaluateConfig,
     target: TargetConfig,
@@ -287,11 +295,7 @@ def measure_served(
     command = vllm_command(
         settings.vllm_python, target, draft_dir, k, free_port(), max_model_len, settings.vllm_args
     )
-    started = dict(
-        log_path=log_path, startup_timeout_s=settings.serving_startup_timeout_s,
-        timeout_setting="evaluate.serving_startup_timeout_s",
-    )  # fmt: skip
-    with vllm_server(command, **started) as base_url:
+    with vllm_server(command, **_started(settings, log_path)) as base_url:
         served = served_acceptance(base_url, **measure)
         with_draft = throughput(base_url, prompts, settings, stop_token_ids, counters=True)
     served = dict(served, server="started by eaglet", command=command)
@@ -299,7 +303,7 @@ def measure_served(
         plain = vllm_command(
             settings.vllm_python, target, None, k, free_port(), max_model_len, settings.vllm_args
         )
-        alone = dict(started, log_path=log_path.with_name(log_path.stem + "-no-draft.log"))
+        alone = _started(settings, log_path.with_name(log_path.stem + "-no-draft.log"))
         with vllm_server(plain, **alone) as base_url:
             without = throughput(base_url, prompts, settings, stop_token_ids, counters=False)
         served["speedup"] = speedup_table(with_draft, without)
@@ -343,11 +347,7 @@ def calibrate(
         )  # fmt: skip
         if spec is not None:
             command[command.index("--speculative-config") + 1] = json.dumps(spec)
-        started = dict(
-            log_path=log_path.with_name(f"{log_path.stem}-{name}.log"),
-            startup_timeout_s=settings.serving_startup_timeout_s,
-            timeout_setting="evaluate.serving_startup_timeout_s",
-        )  # fmt: skip
+        started = _started(settings, log_path.with_name(f"{log_path.stem}-{name}.log"))
         with vllm_server(command, **started) as base_url:
             return throughput(base_url, prompts, settings, stop_token_ids, counters=True)
 
