@@ -98,3 +98,22 @@ def test_a_card_without_sets_says_it_has_none():
     assert "No engine check was recorded" in card and "download stage's record" in card
     assert [r["set"] for r in tables["Acceptance length"]] == ["held-out"]
     assert Path(EXPORTS_FOLDER).name == "exports"
+
+
+def test_a_second_write_of_the_card_folders_never_writes_into_the_train_folder(tmp_path):
+    """A retry writes the evaluate folder's copies again over the links of the first try: the
+    train folder's files (the same inodes) keep their bytes, and each copy is a link again."""
+    from eaglet.draft.model_card import write_card_folders
+
+    train, evaluate = tmp_path / "train", tmp_path / "evaluate"
+    (train / "draft").mkdir(parents=True)
+    weights = train / "draft" / "model.safetensors"
+    weights.write_bytes(b"the trained weights")
+    for card in ("first card", "second card"):
+        written = write_card_folders(evaluate, train, {"vllm": "draft"}, {"vllm": card})
+    copy = evaluate / written["vllm"]
+    assert weights.read_bytes() == b"the trained weights"
+    assert (copy / "model.safetensors").stat().st_ino == weights.stat().st_ino
+    assert (copy / CARD_FILE).read_text() == "second card" and not (
+        train / "draft" / CARD_FILE
+    ).exists()

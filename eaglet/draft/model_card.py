@@ -316,10 +316,16 @@ def write_card_folders(
         out.mkdir(parents=True, exist_ok=True)
         for source in sorted((Path(train_folder) / name).iterdir()):
             if source.is_file() and source.name != CARD_FILE:
+                link = out / source.name
+                # a link left by an earlier try is unlinked, never written through: the copy
+                # below would write into the train folder's own file
+                link.unlink(missing_ok=True)
                 try:
-                    os.link(source, out / source.name)
-                except OSError:
-                    shutil.copyfile(source, out / source.name)
+                    os.link(source, link)
+                except OSError:  # another file system: a copy, whole or not at all
+                    partial = link.with_name(link.name + ".partial")
+                    shutil.copyfile(source, partial)
+                    os.replace(partial, link)
         (out / CARD_FILE).write_text(cards[export], encoding="utf-8")
         written[export] = f"{EXPORTS_FOLDER}/{name}"
     return written
