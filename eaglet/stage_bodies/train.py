@@ -83,7 +83,7 @@ def run(
             info[name] = str(final_path(Path(info[name])))
     ctx.markdown(
         "draft-training",
-        figures_markdown("Draft training", {k: v for k, v in info.items() if k != "engine_checks"}),
+        figures_markdown("Draft training", {n: v for n, v in info.items() if n != "engine_checks"}),
         "the trained draft: vocabulary, samples, loss, exports and their folders",
     )
     ctx.table(
