@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from eaglet.draft.model_card import CARD_FILE, EXPORTS_FOLDER, parse_card
+from eaglet.draft.model_card import CARD_FILE, EXPORTS_FOLDER
 from tests.conftest import small_run_overrides
 
 THROUGH_EVALUATE = r"""
@@ -29,6 +30,27 @@ for spec in STAGE_LIST:
         outputs[spec.output] = run_stage_without_prefect(spec.name, config, inputs, context)
 print(json.dumps({"evaluate": outputs["report"].path, "files": sorted(outputs["report"].files)}))
 """
+
+
+def parse_card(text: str) -> tuple[dict, dict[str, list[dict[str, str]]]]:
+    """(front matter, section heading -> its table's rows as dicts): a card read back."""
+    _, front, body = text.split("---\n", 2)
+    tables: dict[str, list[dict[str, str]]] = {}
+    heading = ""
+    header: list[str] | None = None
+    for line in body.splitlines():
+        if line.startswith("## "):
+            heading, header = line[3:].strip(), None
+        elif line.startswith("| "):
+            cells = [c.strip() for c in line.strip("|").split(" | ")]
+            if header is None:
+                header = cells
+                tables[heading] = []
+            else:
+                tables[heading].append(dict(zip(header, cells, strict=False)))
+        elif not line.startswith("|---"):
+            header = None if not line.startswith("|") else header
+    return yaml.safe_load(front), tables
 
 
 @pytest.mark.slow

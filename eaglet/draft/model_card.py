@@ -15,9 +15,9 @@ train folder may be evaluated under several evaluate keys, each writing its own 
 written into the train stage's folder would be overwritten by the next evaluation and sit
 outside the train manifest's hashes. So the evaluate stage writes its own copy of each export
 (`exports/<folder>/`: the train folder's files hard-linked, no second copy of the weights on
-one file system) with the card beside them (`card_folders`).
+one file system) with the card beside them (`write_card_folders`).
 
-Tables are written so a test can read them back: `parse_card_tables`.
+Each section's figures are one Markdown table (tests read them back).
 """
 
 from __future__ import annotations
@@ -329,24 +329,3 @@ def write_card_folders(
         (out / CARD_FILE).write_text(cards[export], encoding="utf-8")
         written[export] = f"{EXPORTS_FOLDER}/{name}"
     return written
-
-
-def parse_card(text: str) -> tuple[dict[str, Any], dict[str, list[dict[str, str]]]]:
-    """(front matter, section heading -> its table's rows as dicts): a card read back."""
-    _, front, body = text.split("---\n", 2)
-    tables: dict[str, list[dict[str, str]]] = {}
-    heading = ""
-    header: list[str] | None = None
-    for line in body.splitlines():
-        if line.startswith("## "):
-            heading, header = line[3:].strip(), None
-        elif line.startswith("| "):
-            cells = [c.strip() for c in line.strip("|").split(" | ")]
-            if header is None:
-                header = cells
-                tables[heading] = []
-            else:
-                tables[heading].append(dict(zip(header, cells, strict=False)))
-        elif not line.startswith("|---"):
-            header = None if not line.startswith("|") else header
-    return yaml.safe_load(front), tables
