@@ -37,7 +37,6 @@ from typing import Any
 from eaglet.config.target import TargetConfig
 from eaglet.draft.methods.base import DraftMethod
 from eaglet.errors import PermanentError
-from eaglet.target import target_dtype
 
 PARSE_SCRIPT = Path(__file__).with_name("vllm_parse.py")
 PARSE_MARK = "EAGLET_VLLM_PARSE "
@@ -116,15 +115,12 @@ def vllm_parse(
 ) -> dict[str, Any]:
     """vLLM's own parse of `vllm serve TARGET --speculative-config ...` (no serving): the
     JSON line of `vllm_parse.py`, `{"parsed": false, "error": ...}` when it refused or died."""
+    from eaglet.draft.serving import target_args
+
     args = [
-        "--model", target.model, "--dtype", target_dtype(target),
-        "--max-model-len", str(max_model_len),
+        *target_args(target, max_model_len),
         "--speculative-config", json.dumps(speculative_config),
     ]  # fmt: skip
-    if target.revision:
-        args += ["--revision", target.revision]
-    if target.trust_remote_code:
-        args += ["--trust-remote-code"]
     # -I: the script's folder (eaglet/draft, whose module names shadow packages) off sys.path
     command = [python, "-I", str(PARSE_SCRIPT), json.dumps({"args": args})]
     try:

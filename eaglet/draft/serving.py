@@ -227,20 +227,26 @@ def vllm_command(
 ) -> list[str]:
     """The server eaglet starts: the target with the draft (`draft_dir`), or alone (None)."""
     command = [
-        python, "-m", "vllm.entrypoints.openai.api_server", "--model", target.model,
+        python, "-m", "vllm.entrypoints.openai.api_server", *target_args(target, max_model_len),
         "--served-model-name", "eaglet-target", "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", target_dtype(target),
     ]  # fmt: skip
     if draft_dir is not None:
         spec = speculative_config(draft_dir, num_speculative_tokens)
         command += ["--speculative-config", json.dumps(spec)]
-    if max_model_len is not None:
-        command += ["--max-model-len", str(max_model_len)]
-    if target.revision:
-        command += ["--revision", target.revision]
-    if target.trust_remote_code:
-        command += ["--trust-remote-code"]
     return command + list(extra_args)
+
+
+def target_args(target: TargetConfig, max_model_len: int | None) -> list[str]:
+    """vLLM's arguments for the target: every server eaglet starts and the engine check's
+    parse (`eaglet.draft.engine_check.vllm_parse`) name it so."""
+    args = ["--model", target.model, "--dtype", target_dtype(target)]
+    if max_model_len is not None:
+        args += ["--max-model-len", str(max_model_len)]
+    if target.revision:
+        args += ["--revision", target.revision]
+    if target.trust_remote_code:
+        args += ["--trust-remote-code"]
+    return args
 
 
 def check_gap(served: dict, offline_tau: float, max_gap: float, where: str) -> float:
