@@ -7,6 +7,8 @@ refused the same way before it writes anything.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -31,7 +33,8 @@ from tests.reliability.run_helpers import disk_signature, run_args
 from tests.work_dir_lock_helpers import hold_in_another_process
 
 # serial: the second runs race a first run of about 16 s, one per stage; on a loaded machine the
-# first ended before the race reached its last stages (CI, 3 workers, 2026-12-05)
+# first ended before the race reached its last stages (CI, 3 workers, 2026-12-05); each race
+# now pauses the first (SIGSTOP) while the second starts
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 POLL_S = 0.005
@@ -61,7 +64,16 @@ def test_a_second_run_is_refused_at_every_stage_of_the_first(
                 assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
                 assert time.monotonic() < deadline, f"{stage} did not start"
                 time.sleep(POLL_S)
-            code, output, seconds = second_run(args, tmp_path)
+            # Paused in the stage (the whole group: the run and its children), so the race is
+            # not lost to a loaded machine: a second run's start-up (seconds on CI) outlasted
+            # the first's short last stages (CI, 2026-12-06).
+            os.killpg(first.pid, signal.SIGSTOP)
+            try:
+                if first.poll() is not None:  # it ended before the pause
+                    break
+                code, output, seconds = second_run(args, tmp_path)
+            finally:
+                os.killpg(first.pid, signal.SIGCONT)
             refusals.append({"stage": stage, "code": code, "seconds": round(seconds, 1)})
             assert code == WORK_DIR_LOCKED_EXIT, f"during {stage}: exit {code}\n{output[-3000:]}"
             assert f"pid {first.pid}" in output and "in use by another eaglet run" in output, output
