@@ -61,17 +61,23 @@ def test_the_plot_is_written(tmp_path):
 
 
 def test_a_calibration_that_would_not_run_is_refused_not_ignored():
-    """calibration_k without calibration, or calibration where no server is started at each k
-    (no vLLM venv, a serving endpoint, no concurrencies), is an error before any stage."""
+    """The calibration runs by default wherever a served check starts its servers; calibration:
+    true or calibration_k where it would not run (no served check, a serving endpoint, no
+    concurrencies, calibration: false) is an error before any stage."""
     import pytest
     from pydantic import ValidationError
 
     from eaglet.config import EvaluateConfig
 
-    runs = dict(serving="vllm", vllm_python="/venv/bin/python", calibration=True)
+    started = dict(serving="vllm", vllm_python="/venv/bin/python")
+    assert EvaluateConfig(**started).calibrates  # by default wherever it can run
+    assert not EvaluateConfig(**started, calibration=False).calibrates
+    assert not EvaluateConfig(**started, speedup_concurrency=[]).calibrates  # cannot: not asked
+    runs = dict(started, calibration=True)
     assert EvaluateConfig(**runs, calibration_k=[1, 2]).calibration_k == [1, 2]
     for bad in (
-        dict(calibration_k=[2]),  # calibration off: calibration_k would do nothing
+        dict(calibration_k=[2]),  # no served check: calibration_k would do nothing
+        dict(started, calibration=False, calibration_k=[2]),
         dict(calibration=True),  # no served check at all
         dict(runs, speedup_concurrency=[]),
         dict(runs, serving_endpoint="http://127.0.0.1:8000"),

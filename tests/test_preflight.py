@@ -200,6 +200,26 @@ def test_the_demo_config_is_the_form_defaults():
     assert names == [Path("data", n) for n in ("arith.jsonl", "tools.jsonl", "mixed.parquet")]
 
 
+def test_the_demos_served_check_finds_the_checkouts_vllm_venv(tmp_path, monkeypatch):
+    """`eaglet demo --set evaluate.serving=vllm` where `make vllm-venv` made the venv: its
+    python starts the served check's servers, which calibrate k by default; a python or an
+    endpoint the user names wins, and without the venv the config says what is missing."""
+    from eaglet.config import ConfigError
+    from eaglet_prefect.flows.commands.run import VLLM_VENV_PYTHON, demo_config
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="vllm_python"):
+        demo_config(overrides=["evaluate.serving=vllm"])
+    venv_python = tmp_path / VLLM_VENV_PYTHON
+    venv_python.parent.mkdir(parents=True)
+    venv_python.touch()
+    served = demo_config(overrides=["evaluate.serving=vllm"]).evaluate
+    assert served.vllm_python == str(venv_python) and served.calibrates
+    named = demo_config(overrides=["evaluate.serving=vllm", "evaluate.vllm_python=/v/python"])
+    assert named.evaluate.vllm_python == "/v/python"
+    assert demo_config().evaluate.vllm_python is None  # the demo's keys stay the defaults'
+
+
 def test_a_quick_run_after_the_demo_has_every_stage_key_of_the_demo(tmp_path, monkeypatch):
     """Every stage key is its config subset, its upstream keys and its code: equal subsets
     for every stage mean a default run after `eaglet demo` finds every stage Cached."""

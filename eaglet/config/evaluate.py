@@ -93,19 +93,20 @@ class EvaluateConfig(Strict):
         json_schema_extra=CACHE_NEUTRAL,
     )
     speedup_concurrency: list[int] = Field(
-        default_factory=lambda: [1, 4, 16],
+        default_factory=lambda: [1, 4, 16, 64],
         description="With serving: vllm and a server eaglet starts: the same prompts served "
         "with and without the draft at each of these concurrencies: output tokens/s, time per "
-        "output token and the speed-up, with served τ from this run's counter differences. "
-        "Empty: no speed-up table.",
-        json_schema_extra=CACHE_NEUTRAL,
-    )
-    calibration: bool = Field(
-        False,
+        "output token and the speed-up, with served τ from this run's counter differences; "
+        "the calibration's bands of batch sizes start at them. Empty: no speed-up table.",
+    )  # keyed: the table's rows and serving.json's bands are these concurrencies'
+
+    calibration: bool | None = Field(
+        None,
         description="With serving: vllm, speedup_concurrency and a server eaglet starts: also "
         "serve the draft at each k of calibration_k at each concurrency, pick the best k per "
         "band of batch sizes and write serving.json (vLLM's --speculative-config with "
-        "num_speculative_tokens_per_batch_size) beside the evaluate folder's vLLM export.",
+        "num_speculative_tokens_per_batch_size) beside the evaluate folder's vLLM export. "
+        "Blank (null): wherever it can run; true: refused where it cannot; false: never.",
     )
     calibration_k: list[Annotated[int, Field(ge=1, le=16)]] = Field(
         default_factory=list,
@@ -131,21 +132,30 @@ class EvaluateConfig(Strict):
             )
         return self
 
-    @model_validator(mode="after")
-    def _calibration_can_run(self) -> EvaluateConfig:
-        """calibration and calibration_k act only where the calibration runs: refused, not
-        ignored, elsewhere."""
-        if (self.calibration or self.calibration_k) and not (
-            self.calibration
-            and self.serving == "vllm"
+    @property
+    def calibration_can_run(self) -> bool:
+        """A served check in servers eaglet starts, at some concurrency: a server per k."""
+        return bool(
+            self.serving == "vllm"
             and self.vllm_python
             and not self.serving_endpoint
             and self.speedup_concurrency
-        ):
+        )
+
+    @property
+    def calibrates(self) -> bool:
+        """Whether the served check calibrates k (`calibration`: null is wherever it can)."""
+        return self.calibration is not False and self.calibration_can_run
+
+    @model_validator(mode="after")
+    def _calibration_can_run(self) -> EvaluateConfig:
+        """calibration: true and calibration_k act only where the calibration runs: refused,
+        not ignored, elsewhere."""
+        if (self.calibration or self.calibration_k) and not self.calibrates:
             raise ValueError(
                 "evaluate.calibration (and calibration_k, which only it reads) needs "
-                "evaluate.calibration=true, serving=vllm, vllm_python (eaglet starts the "
-                "servers at each k), no serving_endpoint, and a non-empty speedup_concurrency"
+                "serving=vllm, vllm_python (eaglet starts the servers at each k), no "
+                "serving_endpoint, a non-empty speedup_concurrency, and calibration not false"
             )
         return self
 

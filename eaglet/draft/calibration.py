@@ -1,8 +1,8 @@
 """Serving calibration: which k to serve the draft at, per band of batch sizes, measured.
 
-With `evaluate.serving: vllm`, a server eaglet starts and `evaluate.calibration`, the served
-check serves the held-out prompts at each k (`evaluate.calibration_k`, default 1..the evaluated
-k) and each concurrency of `evaluate.speedup_concurrency`, with and without the draft
+With `evaluate.serving: vllm` and servers eaglet starts (unless `evaluate.calibration: false`),
+the served check serves the held-out prompts at each k (`evaluate.calibration_k`, default 1..the
+evaluated k) and each concurrency of `evaluate.speedup_concurrency`, with and without the draft
 (`eaglet.draft.serving.calibrate`). Here, from those figures: the table (`calibration_table`),
 the best k per band of batch sizes (`bands`: band i runs from concurrency c_i to c_{i+1} - 1,
 the last to vLLM's max_num_seqs; a band where no k beats serving without the draft gets k = 0,

@@ -313,7 +313,7 @@ def measure_served(
         with vllm_server(plain, **alone) as base_url:
             without = throughput(base_url, prompts, settings, stop_token_ids, counters=False)
         served["speedup"] = speedup_table(with_draft, without)
-        if settings.calibration:
+        if settings.calibrates:
             served["calibration"] = calibrate(
                 settings, target, draft_dir, prompts, stop_token_ids, log_path, max_model_len,
                 {k: with_draft}, without,

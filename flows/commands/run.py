@@ -24,6 +24,8 @@ from eaglet_prefect.flows.prefect_server import (
 
 # `eaglet run`/`demo` on a work dir another run holds: EX_TEMPFAIL, try again later.
 WORK_DIR_LOCKED_EXIT = 75
+# `make vllm-venv`'s python, in the checkout the demo runs in
+VLLM_VENV_PYTHON = ".vllm-venv/bin/python"
 
 
 class _WithoutTraceback(logging.Formatter):
@@ -138,9 +140,23 @@ def demo_config(work_dir: Path = Path("runs/demo"), overrides: list[str] = ()) -
             f"target.model={moved(defaults.target.model)}",
             f"datasets=[{datasets}]",
             f"evaluate.sets=[{sets}]",
+            *_demo_vllm(overrides),
             *overrides,
         ],
     )
+
+
+def _demo_vllm(overrides: list[str]) -> list[str]:
+    """`eaglet demo --set evaluate.serving=vllm` in a checkout where `make test` (or `make
+    vllm-venv`) made the vLLM venv: the served check starts its servers with that venv's
+    python, unless the overrides name a python or an endpoint."""
+    settings = dict(o.split("=", 1) for o in overrides if "=" in o)
+    venv_python = Path(VLLM_VENV_PYTHON)
+    if settings.get("evaluate.serving", "").strip() != "vllm" or not venv_python.exists():
+        return []
+    if {"evaluate.vllm_python", "evaluate.serving_endpoint"} & set(settings):
+        return []
+    return [f"evaluate.vllm_python={venv_python.resolve()}"]
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
