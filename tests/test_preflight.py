@@ -212,7 +212,7 @@ def test_the_demos_served_check_finds_the_checkouts_vllm_venv(tmp_path, monkeypa
         demo_config(overrides=["evaluate.serving=vllm"])
     venv_python = tmp_path / VLLM_VENV_PYTHON
     venv_python.parent.mkdir(parents=True)
-    venv_python.touch()
+    venv_python.symlink_to(sys.executable)  # as a venv's python is: its path is the venv
     served = demo_config(overrides=["evaluate.serving=vllm"]).evaluate
     assert served.vllm_python == str(venv_python) and served.calibrates
     named = demo_config(overrides=["evaluate.serving=vllm", "evaluate.vllm_python=/v/python"])

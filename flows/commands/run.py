@@ -156,7 +156,7 @@ def _demo_vllm(overrides: list[str]) -> list[str]:
         return []
     if {"evaluate.vllm_python", "evaluate.serving_endpoint"} & set(settings):
         return []
-    return [f"evaluate.vllm_python={venv_python.resolve()}"]
+    return [f"evaluate.vllm_python={venv_python.absolute()}"]  # not resolved: the venv's link
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
