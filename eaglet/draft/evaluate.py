@@ -562,14 +562,15 @@ def evaluation_report(
     progress: Callable[[dict], None] | None = None,
     reasoning_format: ReasoningFormat | None = None,
     untrained_cache: Path | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> dict:
     """The evaluate stage's report, written to `folder/report.json` (with `acceptance.png`):
     offline tau of the draft (k = 1..K) beside an untrained draft's, per segment (thinking,
     answer, tool) where `reasoning_format` is given, sampled at `settings.temperature` when
     above 0 (under `"sampled"`), and with `settings.serving == "vllm"` the tau vLLM's counters
-    give for the same draft at the same k and temperature (server log in `folder`). A gap above
-    `settings.max_serving_gap` raises `ServingGapError` after the report is written; sampled,
-    the served tau is compared with the offline expected tau (the same mean, less noise)."""
+    give for the same draft at the same k and temperature (server logs in `folder`, progress to
+    `log`). A gap above `settings.max_serving_gap` raises `ServingGapError` after the report
+    is written; sampled, the served tau is compared with the offline expected tau (the same mean, less noise)."""
     sampling = None
     if settings.temperature > 0:
         sampling = Sampling(settings.temperature, settings.top_p)
@@ -598,7 +599,7 @@ def evaluation_report(
     served = None
     if settings.serving == "vllm":
         served = measure_served(
-            settings, target, draft_dir, prompts, eos_token_ids, folder / "vllm_server.log"
+            settings, target, draft_dir, prompts, eos_token_ids, folder / "vllm_server.log", log
         )
         report.update(
             served=served, served_tau=served["tau"], serving_gap=abs(served["tau"] - offline_tau)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from eaglet.config.evaluate import EvaluateConfig
 from eaglet.config.target import TargetConfig
 from eaglet.draft.methods import method_of_draft
 from eaglet.errors import PermanentError
+from eaglet.progress import Steps
 from eaglet.target import load_config, target_dtype
 from eaglet.vllm_process import free_port, vllm_server
 
@@ -282,10 +284,13 @@ def measure_served(
     prompts: list[list[int]],
     stop_token_ids: list[int],
     log_path: Path,
+    log: Callable[[str], None] | None = None,
 ) -> dict:
     """Served tau of the draft in `draft_dir` (the vLLM export) on `prompts`: at
-    `settings.serving_endpoint`, or in a server started here with `settings.vllm_python` and
-    stopped before this returns (its log at `log_path`)."""
+    `settings.serving_endpoint`, or in servers started here with `settings.vllm_python` and
+    stopped before this returns (their logs beside `log_path`): the served check, and with
+    `speedup_concurrency` and the calibration their figures, each server a step whose progress
+    goes to `log` (`eaglet.progress.Steps`)."""
     config = json.loads((Path(draft_dir) / "config.json").read_text())
     k = method_of_draft(config).evaluation_k(config, settings.num_speculative_tokens)
     measure = dict(
@@ -301,24 +306,44 @@ def measure_served(
     command = vllm_command(
         settings.vllm_python, target, draft_dir, k, free_port(), max_model_len, settings.vllm_args
     )
-    with vllm_server(command, **_started(settings, log_path)) as base_url:
-        served = served_acceptance(base_url, **measure)
-        with_draft = throughput(base_url, prompts, settings, stop_token_ids, counters=True)
-    served = dict(served, server="started by eaglet", command=command)
-    if settings.speedup_concurrency:
-        plain = vllm_command(
-            settings.vllm_python, target, None, k, free_port(), max_model_len, settings.vllm_args
-        )
-        alone = _started(settings, log_path.with_name(log_path.stem + "-no-draft.log"))
-        with vllm_server(plain, **alone) as base_url:
-            without = throughput(base_url, prompts, settings, stop_token_ids, counters=False)
-        served["speedup"] = speedup_table(with_draft, without)
-        if settings.calibrates:
+    ks = calibration_ks(settings, k) if settings.calibrates else []
+    servers = 1 + bool(settings.speedup_concurrency) + (len(set(ks) - {k}) + 1 if ks else 0)
+    with Steps("served check", servers, log) as steps:
+        steps.start(f"vLLM with the draft at k={k}")
+        with vllm_server(command, **_started(settings, log_path)) as base_url:
+            served = served_acceptance(base_url, **measure)
+            with_draft = throughput(base_url, prompts, settings, stop_token_ids, counters=True)
+        steps.finish(f"served τ {served['tau']:.3f}{_rates(with_draft)}")
+        served = dict(served, server="started by eaglet", command=command)
+        without: dict[int, dict] = {}
+        if settings.speedup_concurrency:
+            steps.start("vLLM without the draft")
+            plain = vllm_command(
+                settings.vllm_python, target, None, k, free_port(), max_model_len,
+                settings.vllm_args,
+            )  # fmt: skip
+            alone = _started(settings, log_path.with_name(log_path.stem + "-no-draft.log"))
+            with vllm_server(plain, **alone) as base_url:
+                without = throughput(base_url, prompts, settings, stop_token_ids, counters=False)
+            steps.finish(_rates(without).lstrip("; "))
+            served["speedup"] = speedup_table(with_draft, without)
+        if ks:
             served["calibration"] = calibrate(
                 settings, target, draft_dir, prompts, stop_token_ids, log_path, max_model_len,
-                {k: with_draft}, without,
+                {k: with_draft}, without, ks, steps,
             )  # fmt: skip
     return served
+
+
+def calibration_ks(settings: EvaluateConfig, evaluated: int) -> list[int]:
+    """The k values the calibration serves: `calibration_k`, or 1 to the evaluated k."""
+    return settings.calibration_k or list(range(1, evaluated + 1))
+
+
+def _rates(rows: dict[int, dict]) -> str:
+    """Throughput's rows said in a line's tail ("" without any)."""
+    said = ", ".join(f"{r['output_tokens_per_s']:.0f} at {c}" for c, r in rows.items())
+    return f"; output tokens/s at each concurrency: {said}" if said else ""
 
 
 def calibrate(
@@ -331,10 +356,12 @@ def calibrate(
     max_model_len: int,
     measured: dict[int, dict[int, dict]],
     without: dict[int, dict],
+    ks: list[int],
+    steps: Steps,
 ) -> dict:
-    """The served figures at each k of the calibration (`eaglet.draft.calibration`), a
-    server per k not yet `measured`, the bands' best k and a last server run with that
-    schedule, whose counters say whether the build applies it."""
+    """The served figures at each of `ks` (`eaglet.draft.calibration`), a server per k not
+    yet `measured`, the bands' best k and a last server run with that schedule, whose
+    counters say whether the build applies it; each server a step of `steps`."""
     from eaglet.draft.calibration import (
         bands,
         calibration_table,
@@ -342,11 +369,10 @@ def calibrate(
         scheduled_config,
     )
 
-    evaluated = next(iter(measured))
-    ks = settings.calibration_k or list(range(1, evaluated + 1))
     by_k = {k: rows for k, rows in measured.items() if k in ks}
 
     def serve(k: int, spec: dict | None, name: str) -> dict[int, dict]:
+        steps.start(f"vLLM at k={k}" if spec is None else "vLLM with the chosen schedule")
         command = vllm_command(
             settings.vllm_python, target, draft_dir, k, free_port(), max_model_len,
             settings.vllm_args,
@@ -355,7 +381,9 @@ def calibrate(
             command[command.index("--speculative-config") + 1] = json.dumps(spec)
         started = _started(settings, log_path.with_name(f"{log_path.stem}-{name}.log"))
         with vllm_server(command, **started) as base_url:
-            return throughput(base_url, prompts, settings, stop_token_ids, counters=True)
+            rows = throughput(base_url, prompts, settings, stop_token_ids, counters=True)
+        steps.finish(_rates(rows).lstrip("; "))
+        return rows
 
     for k in ks:
         if k not in by_k:

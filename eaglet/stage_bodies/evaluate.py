@@ -103,7 +103,7 @@ def run(
 
     report = evaluation_report(
         config.evaluate, config.target, draft_dir, heldout, eos, None, folder, progress,
-        reasoning_format, untrained_cache(config),
+        reasoning_format, untrained_cache(config), ctx.info,
     )  # fmt: skip
     if config.evaluate.sets:  # the named sets, beside the held-out prompts
         report["sets"] = evaluate_sets(
