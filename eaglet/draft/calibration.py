@@ -97,7 +97,10 @@ def schedule_applied(chosen: list[dict], check: dict[int, dict]) -> dict[str, An
     elif all(verdicts):
         verdict = "applied: each band drafted its own k"
     elif not any(verdicts):
-        verdict = f"not applied: the server drafted the static k = {static} at every load"
+        verdict = (
+            f"not applied: the server drafted the static k = {static} at each load whose band "
+            "chose another k"
+        )
     else:
         verdict = "partly applied: some bands drafted their k, others the static one"
     return {"verdict": verdict, "per_concurrency": rows}
