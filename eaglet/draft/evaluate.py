@@ -570,7 +570,8 @@ def evaluation_report(
     above 0 (under `"sampled"`), and with `settings.serving == "vllm"` the tau vLLM's counters
     give for the same draft at the same k and temperature (server logs in `folder`, progress to
     `log`). A gap above `settings.max_serving_gap` raises `ServingGapError` after the report
-    is written; sampled, the served tau is compared with the offline expected tau (the same mean, less noise)."""
+    is written; sampled, the served tau is compared with the offline expected tau (the same
+    mean, less noise)."""
     sampling = None
     if settings.temperature > 0:
         sampling = Sampling(settings.temperature, settings.top_p)
