@@ -126,7 +126,9 @@ def launch(
         log_line(f"train: round {this.rdzv_id} at {train.rdzv_endpoint}: waiting up to "
                  f"{train.rdzv_timeout_s:.0f} s for {train.nnodes - 1} more machine(s) "
                  f"(`eaglet run` of this config on each)")  # fmt: skip
-    tail: deque[str] = deque(maxlen=40)
+    # torchrun's own report of a failed process is about 45 lines: the tail keeps the worker's
+    # last words above it (CI: a rank's SIGABRT, its cause cut off at 40 lines)
+    tail: deque[str] = deque(maxlen=150)
     try:
         with subprocess.Popen(
             nodes.torchrun_command(job, this.rdzv_id if this else None),
