@@ -313,7 +313,7 @@ def measure_served(
         with vllm_server(command, **_started(settings, log_path)) as base_url:
             served = served_acceptance(base_url, **measure)
             with_draft = throughput(base_url, prompts, settings, stop_token_ids, counters=True)
-        steps.finish(f"served τ {served['tau']:.3f}{_rates(with_draft)}")
+        steps.finish("; ".join([f"served τ {served['tau']:.3f}", *_rates(with_draft)]))
         served = dict(served, server="started by eaglet", command=command)
         without: dict[int, dict] = {}
         if settings.speedup_concurrency:
@@ -325,7 +325,7 @@ def measure_served(
             alone = _started(settings, log_path.with_name(log_path.stem + "-no-draft.log"))
             with vllm_server(plain, **alone) as base_url:
                 without = throughput(base_url, prompts, settings, stop_token_ids, counters=False)
-            steps.finish(_rates(without).lstrip("; "))
+            steps.finish("".join(_rates(without)))
             served["speedup"] = speedup_table(with_draft, without)
         if ks:
             served["calibration"] = calibrate(
@@ -340,10 +340,10 @@ def calibration_ks(settings: EvaluateConfig, evaluated: int) -> list[int]:
     return settings.calibration_k or list(range(1, evaluated + 1))
 
 
-def _rates(rows: dict[int, dict]) -> str:
-    """Throughput's rows said in a line's tail ("" without any)."""
+def _rates(rows: dict[int, dict]) -> list[str]:
+    """Throughput's rows as a progress line's part ([] without any)."""
     said = ", ".join(f"{r['output_tokens_per_s']:.0f} at {c}" for c, r in rows.items())
-    return f"; output tokens/s at each concurrency: {said}" if said else ""
+    return [f"output tokens/s at each concurrency: {said}"] if said else []
 
 
 def calibrate(
@@ -382,7 +382,7 @@ def calibrate(
         started = _started(settings, log_path.with_name(f"{log_path.stem}-{name}.log"))
         with vllm_server(command, **started) as base_url:
             rows = throughput(base_url, prompts, settings, stop_token_ids, counters=True)
-        steps.finish(_rates(rows).lstrip("; "))
+        steps.finish("".join(_rates(rows)))
         return rows
 
     for k in ks:
