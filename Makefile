@@ -18,8 +18,9 @@ install: $(BIN)/eaglet
 demo: install
 	$(BIN)/eaglet demo --work-dir runs/demo
 
-# mypy checks the draft methods' seam and their settings ([tool.mypy] in pyproject.toml): each
-# method's METHOD against the DraftMethod protocol.
+# mypy checks the config, the registries and the draft methods' seam ([tool.mypy] in
+# pyproject.toml): each method's METHOD against the DraftMethod protocol, and
+# `config.hidden_states.vllm.*` as the settings classes declare it.
 # The docs site (mkdocs.yml) builds with --strict: docs/hooks.py generates its config reference
 # and fails the build on a config key or link that does not exist.
 lint: install

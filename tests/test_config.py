@@ -269,3 +269,29 @@ def test_a_vllm_server_eaglet_does_not_start_needs_its_connector_folder():
     with pytest.raises(ConfigError, match="needs hidden_states.vllm.connector_path"):
         load_config(None, ["hidden_states.backend=vllm"])
     assert load_config(None, ["hidden_states.vllm.connector_path=/c"])  # hf: not needed
+
+
+def test_the_type_checkers_hidden_states_sections_are_the_registrys():
+    """`HiddenStatesConfig` is built from the backend registry at run time; the type checker
+    reads the sections declared by hand under TYPE_CHECKING (eaglet/config/hidden_states.py).
+    Both name the same backends with the same settings classes."""
+    import ast
+    from pathlib import Path
+
+    from eaglet.config import HiddenStatesConfig
+    from eaglet.config import hidden_states as module
+    from eaglet.hidden_states.backends import BACKENDS
+
+    tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
+    declared = next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and node.name == "HiddenStatesConfig"
+    )
+    sections = {
+        field.target.id: ast.unparse(field.annotation)
+        for field in declared.body
+        if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+    }
+    built = {name: HiddenStatesConfig.model_fields[name].annotation.__name__ for name in BACKENDS}
+    assert sections == built

@@ -6,7 +6,7 @@ flat in `hidden_states` and the backend section each now lives in (`FLAT_BACKEND
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
@@ -123,13 +123,26 @@ def _backend_section(name: str) -> tuple[type, Any]:
     return settings, Field(default_factory=settings, description=description)
 
 
-# `hidden_states`: the settings above and one section per backend of the registry, named as the
-# backend and typed as its `settings` (hidden_states.vllm: eaglet.hidden_states.backends.vllm.
-# VllmSettings). Built from the registry, so that adding a backend edits no line here.
-HiddenStatesConfig = create_model(
-    "HiddenStatesConfig",
-    __base__=_HiddenStatesSettings,
-    __doc__="The hidden_states stage's settings: layers, storage, the backend and its section.",
-    __module__=__name__,
-    **{name: _backend_section(name) for name in BACKENDS},
-)
+if TYPE_CHECKING:
+    # What the type checker and go-to-definition see: the registry's sections today, declared
+    # by hand (tests/test_config.py checks this list against the registry, so a backend added
+    # without its line here fails there, not in a user's editor only).
+    from eaglet.hidden_states.backends.hf import HFSettings
+    from eaglet.hidden_states.backends.vllm import VllmSettings
+
+    class HiddenStatesConfig(_HiddenStatesSettings):
+        hf: HFSettings = Field(default_factory=HFSettings)
+        vllm: VllmSettings = Field(default_factory=VllmSettings)
+
+else:
+    # `hidden_states`: the settings above and one section per backend of the registry, named
+    # as the backend and typed as its `settings` (hidden_states.vllm: eaglet.hidden_states.
+    # backends.vllm.VllmSettings). Built from the registry, so that adding a backend edits no
+    # line here to run.
+    HiddenStatesConfig = create_model(
+        "HiddenStatesConfig",
+        __base__=_HiddenStatesSettings,
+        __doc__="The hidden_states stage's settings: layers, storage, the backend and its section.",
+        __module__=__name__,
+        **{name: _backend_section(name) for name in BACKENDS},
+    )

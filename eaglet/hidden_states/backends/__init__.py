@@ -23,7 +23,10 @@ BACKENDS: dict[str, str] = {
     "hf": "eaglet.hidden_states.backends.hf",
     "vllm": "eaglet.hidden_states.backends.vllm",
 }
-BackendName = Literal[tuple(BACKENDS)]  # type: ignore[valid-type]  # the config's choices
+if TYPE_CHECKING:
+    BackendName = str
+else:
+    BackendName = Literal[tuple(BACKENDS)]  # the config's choices (the form's enum)
 
 
 def hidden_states_backend(name: str) -> HiddenStatesBackend:
