@@ -12,6 +12,7 @@ otherwise the setting to change and that Retry would fail the same way.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -73,9 +74,9 @@ class RunOrigin:
     set_keys: frozenset[str] = frozenset()
 
     @classmethod
-    def of_run(cls, run: dict[str, Any] | None) -> RunOrigin:
+    def of_run(cls, record: Mapping[str, Any] | None) -> RunOrigin:
         """The origin a run record (`run.json`) holds."""
-        run = run or {}
+        run: dict[str, Any] = dict(record or {})
         return cls(
             run.get("started_from", "shell"),
             run.get("config_path") or None,
@@ -121,7 +122,7 @@ def fails_again(started_from: StartedFrom) -> str:
 
 
 def what_to_do(
-    stage: str, entry: dict[str, Any], resume_command: str, origin: RunOrigin | StartedFrom
+    stage: str, entry: Mapping[str, Any], resume_command: str, origin: RunOrigin | StartedFrom
 ) -> list[str]:
     """The markdown lines that say how to go on after `stage` failed with `entry['error']`."""
     if isinstance(origin, str):
@@ -154,7 +155,7 @@ def what_to_do(
     return [f"**Fix the cause above**, then {new_run}."]
 
 
-def settings_to_change(stage: str, entry: dict[str, Any]) -> list[str]:
+def settings_to_change(stage: str, entry: Mapping[str, Any]) -> list[str]:
     """The config keys a failure's error names, else the stage's `retry_setting` (the server
     it talks to)."""
     keys = config_keys_named(entry.get("error", ""))
@@ -175,7 +176,7 @@ def key_line(error: str) -> str:
     return lines[0]
 
 
-def failure_headline(stage: str, entry: dict[str, Any], origin: RunOrigin) -> str:
+def failure_headline(stage: str, entry: Mapping[str, Any], origin: RunOrigin) -> str:
     """One line for a failed run (its flow run's state message, the notification's first
     line): the stage, the error's key line, and whether Retry can succeed or what to change."""
     can_retry = bool(entry.get("retry_can_succeed"))

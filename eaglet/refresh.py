@@ -35,6 +35,7 @@ from pydantic import BaseModel, Field
 
 from eaglet.config import PipelineConfig
 from eaglet.fingerprints import target_parts
+from eaglet.run_report import RunRecord, StageEntry, finished_stages, read_run_record
 from eaglet.stages import DRAFT_FOLDER, PRODUCER, REPORT_FILE, TARGET_PART_OF
 from eaglet.storage import read_manifest, stage_folder, write_json_atomic
 
@@ -86,15 +87,16 @@ def current_draft(work_dir: Path) -> PromotedDraft | None:
     promoted = work_dir / PROMOTED_FILE
     if promoted.is_file():
         return PromotedDraft.model_validate_json(promoted.read_text())
+    run = read_run_record(work_dir)
     try:
-        stages = json.loads((work_dir / "run.json").read_text())["stages"]
+        stages = run["stages"] if run is not None else {}
         train = read_manifest(stage_folder(work_dir, TRAIN, stages[TRAIN]["key"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if train is None:
         return None
     tau: dict[str, float] = {}
-    evaluate = stages.get(EVALUATE) or {}
+    evaluate: StageEntry = stages.get(EVALUATE) or {"state": "not run"}
     report = stage_folder(work_dir, EVALUATE, evaluate.get("key", "")) / REPORT_FILE
     if evaluate.get("key") and report.is_file():
         tau = set_taus(json.loads(report.read_text()))
@@ -238,13 +240,12 @@ def promotion_decided_by_refresh() -> Iterator[None]:
         _REFRESHING.reset(token)
 
 
-def promote_completed_run(config: PipelineConfig, stages: dict[str, dict]) -> bool:
-    """Make the draft of a run that trained and measured it (`run.json`'s stages) the current
-    one; not within a refresh. Returns whether it did."""
-    train, evaluate = stages.get(TRAIN) or {}, stages.get(EVALUATE) or {}
-    done = ("Completed", "Cached")
-    if _REFRESHING.get() or train.get("state") not in done or evaluate.get("state") not in done:
+def promote_completed_run(config: PipelineConfig, run: RunRecord) -> bool:
+    """Make the draft of a run that trained and measured it (`run.json`) the current one; not
+    within a refresh. Returns whether it did."""
+    if _REFRESHING.get() or not {TRAIN, EVALUATE} <= set(finished_stages(run)):
         return False
+    train, evaluate = run["stages"][TRAIN], run["stages"][EVALUATE]
     work_dir = Path(config.work_dir)
     report = stage_folder(work_dir, EVALUATE, evaluate["key"]) / REPORT_FILE
     tau = set_taus(json.loads(report.read_text())) if report.is_file() else {}

@@ -15,7 +15,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, TypedDict
 
 import yaml
 
@@ -46,6 +46,43 @@ REFRESH_FROM = {
     "shell": "add `--refresh-from {stage}` to the command.",
 }
 
+# The states of a stage that finished (its folder is whole): a later run reuses it.
+FINISHED_STATES = ("Completed", "Cached")
+
+
+class StageEntry(TypedDict, total=False):
+    """A stage's entry in `run.json`: its state (Completed, Cached, Failed, Crashed), key,
+    folder, records and seconds; a failed stage's error, whether a retry can succeed and what
+    its `.partial` folder holds (`describe_partial`)."""
+
+    state: Required[str]
+    key: str
+    path: str
+    records: int
+    seconds: float
+    error: str
+    retry_can_succeed: bool
+    partial: dict[str, Any]
+
+
+class RunRecord(TypedDict, total=False):
+    """`run.json`: the run's config name, work dir and config file, `until`, `refresh_from`,
+    where it started (`eaglet.failure_advice.RunOrigin`), its Prefect flow run, the stage
+    running now and each stage's entry."""
+
+    name: str
+    work_dir: str
+    config_file: str
+    until: str
+    refresh_from: str | None
+    started_from: str
+    config_path: str | None
+    set_keys: list[str]
+    flow_run: str | None
+    running: str | None
+    stages: Required[dict[str, StageEntry]]
+
+
 _LISTED_FILES = 12
 _LISTED_IDS = 10
 
@@ -57,7 +94,7 @@ def start_run_record(
     refresh_from: str | None,
     origin: RunOrigin | None = None,
     flow_run: str | None = None,
-) -> dict[str, Any]:
+) -> RunRecord:
     """Write `WORK_DIR/config.yaml` (the config this run uses) and a fresh `run.json`;
     `origin` (the UI's short or full form, or a shell; the YAML file the settings came from;
     the keys the short form set) words the failure advice, `flow_run` is the Prefect flow run
@@ -70,7 +107,7 @@ def start_run_record(
     # command `eaglet run WORK_DIR/config.yaml` works from anywhere.
     absolute = resolve_paths(config, Path.cwd())
     own_file.write_text(yaml.safe_dump(absolute.model_dump(mode="json"), sort_keys=False))
-    run = {
+    run: RunRecord = {
         "name": config.name,
         "work_dir": str(work_dir),
         "config_file": str(Path(config_path).resolve()) if config_path else str(own_file),
@@ -138,16 +175,43 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-def write_run_record(work_dir: Path, run: dict[str, Any]) -> None:
+def write_run_record(work_dir: Path, run: RunRecord) -> None:
     write_json_atomic(Path(work_dir) / RUN_FILE, run)
 
 
-def read_run_record(work_dir: Path) -> dict[str, Any] | None:
-    path = Path(work_dir) / RUN_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+def read_run_record(work_dir: Path) -> RunRecord | None:
+    """The work dir's `run.json`, the one reader of it; None when there is none or it cannot
+    be read as one (a file cut short by a crash: every caller then knows no run's stages)."""
+    try:
+        run = json.loads((Path(work_dir) / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(run, dict) or not isinstance(run.get("stages"), dict):
+        return None
+    if not all(isinstance(entry, dict) for entry in run["stages"].values()):
+        return None
+    checked: RunRecord = run  # type: ignore[assignment]  # as far as its readers go, above
+    return checked
 
 
-def resume_command(run: dict[str, Any] | None) -> str:
+def finished_stages(run: RunRecord | None) -> list[str]:
+    """The stages a run record says finished, in the stages' order."""
+    stages = run["stages"] if run else {}
+    return [s for s in STAGES if s in stages and stages[s]["state"] in FINISHED_STATES]
+
+
+def failed_stages(run: RunRecord) -> list[str]:
+    """The stages of a run record that did not finish (failed, crashed), as recorded."""
+    return [s for s, e in run["stages"].items() if e["state"] not in FINISHED_STATES]
+
+
+def recorded_keys(run: RunRecord | None) -> dict[str, str]:
+    """stage -> the key a run record names for it."""
+    stages = run["stages"] if run else {}
+    return {s: str(e["key"]) for s, e in stages.items() if e.get("key")}
+
+
+def resume_command(run: RunRecord | None) -> str:
     """The shell command that runs the same pipeline again; finished stages come back Cached."""
     if not run:
         return "eaglet run CONFIG.yaml"
@@ -218,7 +282,7 @@ def partial_advice(stage: str) -> str:
     return spec.resume_note if spec is not None and spec.resumes else RESTARTS_PARTIAL
 
 
-def failure_note(stage: str, entry: dict[str, Any], run: dict[str, Any] | None) -> str:
+def failure_note(stage: str, entry: StageEntry, run: RunRecord | None) -> str:
     """Markdown: what failed, on which samples/files, where the partial folder is, how to resume."""
     partial = entry.get("partial", {})
     # The key line as text first (it wraps; a long line in the code block below is clipped).
@@ -246,7 +310,7 @@ def failure_note(stage: str, entry: dict[str, Any], run: dict[str, Any] | None) 
             )
     else:
         lines.append(f"No partial folder was left (expected at `{entry['path']}`).")
-    started_from = (run or {}).get("started_from", "shell")
+    started_from = run.get("started_from", "shell") if run else "shell"
     lines += [
         "",
         f"**Resume**: finished stages come back Cached; this stage {partial_advice(stage)}.",
@@ -291,19 +355,19 @@ def key_figures(stage: str, manifest: dict[str, Any]) -> str:
     return STAGE[stage].key_figures(manifest)
 
 
-def _in_work_dir(entry: dict[str, Any], run: dict[str, Any]) -> str:
+def _in_work_dir(entry: StageEntry, run: RunRecord) -> str:
     path = Path(entry.get("path", ""))
     work_dir = Path(run.get("work_dir", "/nonexistent"))
     return str(path.relative_to(work_dir)) if path.is_relative_to(work_dir) else str(path)
 
 
-def render_run_report(run: dict[str, Any], manifests: dict[str, dict[str, Any]]) -> str:
+def render_run_report(run: RunRecord, manifests: dict[str, dict[str, Any]]) -> str:
     """The run report as markdown: a table of the stages (Cached or ran, records, seconds,
     folder), then each stage's key figures as a list below it (a table cell that long was
     clipped in the Prefect UI), then, for a failed stage, its error and how to resume.
     `manifests` maps a stage to its manifest (as a dict); stages without one show no figures."""
-    stages = run.get("stages", {})
-    failed = [s for s, e in stages.items() if e["state"] not in ("Completed", "Cached")]
+    stages = run["stages"]
+    failed = failed_stages(run)
     until = run.get("until", STAGES[-1])
     outcome = f"**failed** at `{failed[0]}`" if failed else "completed"
     lines = [
@@ -366,7 +430,7 @@ def render_run_report(run: dict[str, Any], manifests: dict[str, dict[str, Any]])
 def write_run_report(work_dir: Path) -> str:
     """Render the report of the run recorded in `WORK_DIR/run.json` into `run_report.md`."""
     work_dir = Path(work_dir)
-    run = read_run_record(work_dir) or {"stages": {}}
+    run: RunRecord = read_run_record(work_dir) or {"stages": {}}
     manifests = {}
     for stage, entry in run["stages"].items():
         try:

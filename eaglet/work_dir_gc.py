@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eaglet import work_dir_lock
-from eaglet.run_report import CONFIG_FILE, RUN_FILE, linked_users
+from eaglet.run_report import CONFIG_FILE, RUN_FILE, linked_users, read_run_record, recorded_keys
 from eaglet.stages import PRODUCER, STAGES
 from eaglet.storage import MANIFEST, PARTIAL_SUFFIX
 
@@ -66,15 +66,10 @@ def folder_bytes(folder: Path) -> int:
 
 def _run_keys(work_dir: Path) -> dict[str, set[str]] | None:
     """stage -> the keys a work dir's `run.json` names (None without a readable record)."""
-    try:
-        run = json.loads((Path(work_dir) / RUN_FILE).read_text())
-    except (OSError, ValueError):
+    run = read_run_record(work_dir)
+    if run is None:
         return None
-    keys: dict[str, set[str]] = {}
-    for stage, entry in (run.get("stages") or {}).items():
-        if isinstance(entry, dict) and entry.get("key"):
-            keys.setdefault(stage, set()).add(str(entry["key"]))
-    return keys
+    return {stage: {key} for stage, key in recorded_keys(run).items()}
 
 
 def _plan_keys(work_dir: Path) -> tuple[dict[str, set[str]], str | None]:

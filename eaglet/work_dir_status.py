@@ -12,7 +12,7 @@ from typing import Any
 from eaglet.draft.methods.registry import DEFAULT_METHOD
 from eaglet.draft.sampled import sampled_summary
 from eaglet.records.io import record_file_problems
-from eaglet.run_report import RUN_FILE
+from eaglet.run_report import RUN_FILE, read_run_record, recorded_keys
 from eaglet.stages import (
     EXAMPLES_FILE,
     FAILED_FILE,
@@ -113,13 +113,8 @@ def stage_status(
 def inspect_work_dir(work_dir: Path, verify: str = "size") -> dict[str, Any]:
     """Per stage: status, key, absolute path, counts; quality and evaluation figures.
     `verify` = "size" checks file sizes against each manifest, "full" their sha256 too."""
-    run_file = work_dir / RUN_FILE
-    run_keys = {}
-    try:
-        stages_run = json.loads(run_file.read_text())["stages"] if run_file.exists() else {}
-        run_keys = {s: v["key"] for s, v in stages_run.items() if "key" in v}
-    except (ValueError, KeyError, TypeError, AttributeError):
-        pass  # a run.json cut short by a crash: every stage shows its newest folder
+    # no record, or one cut short by a crash: every stage shows its newest folder
+    run_keys = recorded_keys(read_run_record(work_dir))
     stages = {stage: stage_status(work_dir, stage, run_keys, verify) for stage in STAGES}
     quality: dict[str, Any] = {}
     if (extract := stages[writer_of(QUALITY_FILE)])["status"] == "complete":

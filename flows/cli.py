@@ -10,7 +10,6 @@ and `fixture-model` start fast.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 from eaglet import work_dir_lock
 from eaglet.config import ConfigError
 from eaglet.preflight import PreflightError
+from eaglet.run_report import RUN_FILE, finished_stages, read_run_record
 from eaglet_prefect.flows.commands import COMMANDS
 from eaglet_prefect.flows.commands.run import WORK_DIR_LOCKED_EXIT
 from eaglet_prefect.flows.prefect_server import CredentialsRefused, TemporaryPrefectServer
@@ -121,14 +121,12 @@ def _after_failure(args: argparse.Namespace) -> str:
     config = getattr(args, "loaded_config", None)
     if config is None:
         return "no stage ran; fix the cause and run the same command again"
-    run_file = Path(config.work_dir) / "run.json"
-    finished: list[str] = []
-    try:
-        if run_file.stat().st_mtime >= getattr(args, "run_started", 0):
-            stages = json.loads(run_file.read_text())["stages"]
-            finished = [s for s, e in stages.items() if e.get("state") in ("Completed", "Cached")]
-    except (OSError, ValueError, KeyError, TypeError):
-        finished = []
+    work_dir = Path(config.work_dir)
+    try:  # this run's record, not an earlier run's
+        recent = (work_dir / RUN_FILE).stat().st_mtime >= getattr(args, "run_started", 0)
+    except OSError:
+        recent = False
+    finished = finished_stages(read_run_record(work_dir)) if recent else []
     if not finished:
         return "no stage finished; fix the cause and run the same command again"
     return (

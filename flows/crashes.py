@@ -10,8 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from eaglet.run_report import RESTARTS_PARTIAL, RESUMES_PARTIAL, read_run_record
-from eaglet.stages import STAGES
+from eaglet.run_report import (
+    RESTARTS_PARTIAL,
+    RESUMES_PARTIAL,
+    finished_stages,
+    read_run_record,
+)
 
 
 def work_dir_of(parameters: dict[str, Any]) -> Path | None:
@@ -39,15 +43,10 @@ def crash_markdown(
     record = read_run_record(work_dir) if work_dir is not None else None
     if record is not None and flow_run_id and record.get("flow_run") not in (None, flow_run_id):
         record = None  # another run's record: a later run started in this work dir
-    running = (record or {}).get("running")
+    running = record.get("running") if record else None
     if running:
         interrupted = [running]
-    stages = (record or {}).get("stages") or {}
-    finished = {  # in the stages' order (run.json keeps its keys sorted)
-        stage: stages[stage]
-        for stage in STAGES
-        if stages.get(stage, {}).get("state") in ("Completed", "Cached")
-    }
+    finished = {stage: record["stages"][stage] for stage in finished_stages(record) if record}
     if interrupted:
         where = ", ".join(interrupted)
     elif finished:

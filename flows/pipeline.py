@@ -24,6 +24,9 @@ from eaglet.fixture.demo import demo_inputs_missing
 from eaglet.preflight import run_preflight, take_passed_ahead
 from eaglet.refresh import promote_completed_run
 from eaglet.run_report import (
+    RunRecord,
+    StageEntry,
+    failed_stages,
     failure_entry,
     start_run_record,
     write_run_record,
@@ -91,11 +94,14 @@ def preflight(config: PipelineConfig, until: str = STAGES[-1]) -> None:
 
 def interrupted_entry(
     stage: str, config: PipelineConfig, inputs: dict, exc: BaseException, seconds: float
-) -> dict:
+) -> StageEntry:
     """The `run.json` entry of a stage stopped by SIGINT/SIGTERM: its partial folder's files
     without counting their records (a 10 GB file would take longer than the exit may)."""
     key, partial = partial_folder(stage, config, inputs)
-    entry = {**failure_entry(key, Path("/nonexistent"), str(exc), seconds), "state": "Crashed"}
+    entry: StageEntry = {
+        **failure_entry(key, Path("/nonexistent"), str(exc), seconds),
+        "state": "Crashed",
+    }
     entry["path"] = str(partial)
     if partial.is_dir():
         files = sorted(p for p in partial.rglob("*") if p.is_file())
@@ -265,7 +271,7 @@ def run_stages(
             return Failed(message=headline, data=failure)
         evaluation = outputs.get("report", {}).get("info", {})
         result = {"stages": record["stages"], "evaluation": evaluation}
-        promote_completed_run(config, record["stages"])  # the current draft (eaglet.refresh)
+        promote_completed_run(config, record)  # the current draft (eaglet.refresh)
         if flow_run.id and flow_run.run_count > 1:  # a Retry: earlier failures are stale
             mark_failures_superseded(flow_run.id)
         # The message is what the run page's state and the completion notification say; a run
@@ -278,12 +284,7 @@ def run_stages(
         )
 
 
-def failed_stages(record: dict) -> list[str]:
-    """The stages of a run record that failed, in order."""
-    return [s for s, e in record["stages"].items() if e["state"] not in ("Completed", "Cached")]
-
-
-def completed_message(config: PipelineConfig, record: dict, evaluation: dict) -> str:
+def completed_message(config: PipelineConfig, record: RunRecord, evaluation: dict) -> str:
     """One line for a completed run: the draft method and its τ against the untrained
     draft's, or where it stopped, and how many stages ran or came back Cached."""
     states = [entry["state"] for entry in record["stages"].values()]
@@ -296,7 +297,9 @@ def completed_message(config: PipelineConfig, record: dict, evaluation: dict) ->
     return f"stopped after {record.get('until', STAGES[-1])} as asked (no τ); {stages}"
 
 
-def run_task(stage: str, config: PipelineConfig, inputs: dict, refresh: bool, record: dict) -> dict:
+def run_task(
+    stage: str, config: PipelineConfig, inputs: dict, refresh: bool, record: RunRecord
+) -> dict:
     """Run a stage's task (bypassing its cache for `refresh` and generate's `retry_failed`),
     write what it did into the run record (`run.json`) whatever the outcome, and return its
     manifest; a failed task raises its error here, so the flow fails with it."""

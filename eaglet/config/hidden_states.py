@@ -127,8 +127,7 @@ if TYPE_CHECKING:
     # What the type checker and go-to-definition see: the registry's sections today, declared
     # by hand (tests/test_config.py checks this list against the registry, so a backend added
     # without its line here fails there, not in a user's editor only).
-    from eaglet.hidden_states.backends.hf import HFSettings
-    from eaglet.hidden_states.backends.vllm import VllmSettings
+    from eaglet.hidden_states.backends.settings import HFSettings, VllmSettings
 
     class HiddenStatesConfig(_HiddenStatesSettings):
         hf: HFSettings = Field(default_factory=HFSettings)
@@ -137,7 +136,7 @@ if TYPE_CHECKING:
 else:
     # `hidden_states`: the settings above and one section per backend of the registry, named
     # as the backend and typed as its `settings` (hidden_states.vllm: eaglet.hidden_states.
-    # backends.vllm.VllmSettings). Built from the registry, so that adding a backend edits no
+    # backends.settings.VllmSettings). Built from the registry, so that adding a backend edits no
     # line here to run.
     HiddenStatesConfig = create_model(
         "HiddenStatesConfig",

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ConfigDict, Field
-
-from eaglet.config_fields import CACHE_NEUTRAL
-from eaglet.hidden_states.backends.base import BackendSettings, Sample
+from eaglet.hidden_states.backends.base import Sample
+from eaglet.hidden_states.backends.settings import HFSettings
 from eaglet.hidden_states.layers import resolve_aux_layer_ids
 
 if TYPE_CHECKING:
@@ -28,24 +26,6 @@ if TYPE_CHECKING:
 
     from eaglet.config.hidden_states import HiddenStatesConfig
     from eaglet.config.target import TargetConfig
-
-
-class HFSettings(BackendSettings):
-    """The hf backend (hidden_states.backend: hf): the target in this process, on
-    target.device in target.dtype. Older configs wrote device_map in hidden_states itself;
-    it is still read there."""
-
-    model_config = ConfigDict(
-        title="hf backend (in-process transformers)"
-    )  # the UI form's section heading
-
-    device_map: Literal["auto"] | None = Field(
-        None,
-        description="'auto' spreads a model larger than one GPU over all GPUs (transformers "
-        "device_map); blank (null) loads it on target.device. Older configs' "
-        "hidden_states.device_map is read here.",
-        json_schema_extra=CACHE_NEUTRAL,
-    )
 
 
 _MODELS: dict[str, object] = {}  # one loaded target per process (shard tasks on one worker)
