@@ -10,6 +10,7 @@ from eaglet.draft.calibration import (
     calibration_table,
     plot_calibration,
     schedule_applied,
+    schedule_to_check,
     scheduled_config,
 )
 
@@ -84,3 +85,13 @@ def test_a_calibration_that_would_not_run_is_refused_not_ignored():
     ):
         with pytest.raises(ValidationError, match="evaluate.calibration"):
             EvaluateConfig(**bad)
+
+
+def test_a_schedule_whose_bands_draft_one_k_is_not_served_to_check():
+    """Every band at k = 3: the schedule is the static k, and its check could not decide;
+    bands of two k, or bands of none, are checked."""
+    same = [{"k": 3, "measured_at_concurrency": c} for c in (1, 4)]
+    assert not schedule_to_check(same)
+    assert schedule_applied(same, {})["verdict"] == "not decidable: every band chose the same k"
+    assert schedule_to_check([{"k": 3}, {"k": 2}])
+    assert schedule_to_check([{"k": 0}, {"k": 0}])

@@ -79,6 +79,13 @@ def scheduled_config(base: dict[str, Any], chosen: list[dict]) -> dict[str, Any]
     }
 
 
+def schedule_to_check(chosen: list[dict]) -> bool:
+    """Whether a server run with the schedule can tell anything: not when every band drafts
+    the same k > 0 (the schedule is that static k; `schedule_applied` finds it undecidable
+    whatever the counters say), so no server is started for it."""
+    return len({band["k"] for band in chosen}) > 1 or chosen[0]["k"] == 0
+
+
 def schedule_applied(chosen: list[dict], check: dict[int, dict]) -> dict[str, Any]:
     """Whether a server run with the schedule drafted each band's k: per concurrency the
     tokens per draft vLLM's counters show, against the band's k and the static k."""

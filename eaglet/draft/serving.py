@@ -366,6 +366,7 @@ def calibrate(
         bands,
         calibration_table,
         schedule_applied,
+        schedule_to_check,
         scheduled_config,
     )
 
@@ -391,7 +392,10 @@ def calibrate(
     table = calibration_table(by_k, without)
     chosen = bands(table)
     spec = scheduled_config(speculative_config(draft_dir, max(ks)), chosen)
-    check = serve(max(ks), spec, "schedule")
+    if schedule_to_check(chosen):
+        check = serve(max(ks), spec, "schedule")
+    else:
+        check, steps.total = {}, steps.total - 1  # its server was counted in advance
     return {
         "table": table,
         "bands": chosen,
