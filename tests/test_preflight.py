@@ -297,25 +297,53 @@ def test_doctor_recommends_online_training_when_the_shards_may_not_fit(setup, tm
         assert any("online training stores no hidden-state shards" in p for p in report.passed)
 
 
-def test_a_vllm_python_that_is_not_there_is_named_before_any_stage(setup, tmp_path):
+@pytest.fixture
+def python_with_vllm(tmp_path) -> str:
+    """A python that finds a `vllm` package (an empty one): this interpreter with a folder
+    holding it on its path, as a venv's bin/python is run."""
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    python = tmp_path / "venv-python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return str(python)
+
+
+def test_a_vllm_python_that_is_not_there_is_named_before_any_stage(
+    setup, tmp_path, python_with_vllm
+):
     problems = run(
         setup,
         hidden_states__backend="vllm",
         hidden_states__vllm_python=str(tmp_path / "no-venv" / "bin" / "python"),
     )
     assert any(p.startswith("hidden_states.vllm.vllm_python:") for p in problems), problems
-    assert not run(setup, hidden_states__backend="vllm", hidden_states__vllm_python=sys.executable)
+    assert not run(
+        setup, hidden_states__backend="vllm", hidden_states__vllm_python=python_with_vllm
+    )
     serving = dict(evaluate__serving="vllm", evaluate__vllm_python=str(tmp_path / "python"))
     problems = run(setup, **serving)
     assert any(p.startswith("evaluate.vllm_python:") for p in problems), problems
-    assert not run(setup, evaluate__serving="vllm", evaluate__vllm_python=sys.executable)
+    assert not run(setup, evaluate__serving="vllm", evaluate__vllm_python=python_with_vllm)
 
 
-def test_a_sampled_served_check_on_a_cpu_vllm_is_refused_before_any_stage(setup):
+def test_a_python_without_vllm_is_named_before_any_stage_not_after_training(setup):
+    """A python that runs but has no vllm package (this one: the project's venv) passed as
+    an executable once, and failed after training, at the served check."""
+    for changes in (
+        dict(hidden_states__backend="vllm", hidden_states__vllm_python=sys.executable),
+        dict(evaluate__serving="vllm", evaluate__vllm_python=sys.executable),
+    ):
+        problems = run(setup, **changes)
+        assert any(f"{sys.executable} has no vllm package" in p for p in problems), problems
+
+
+def test_a_sampled_served_check_on_a_cpu_vllm_is_refused_before_any_stage(setup, python_with_vllm):
     """vLLM 0.32's CPU build cannot verify sampled drafts (tests/test_serving_vllm.py): the
     served check at evaluate.temperature > 0 would fail only after the whole run."""
     sampled = dict(
-        evaluate__serving="vllm", evaluate__vllm_python=sys.executable, evaluate__temperature=0.6
+        evaluate__serving="vllm", evaluate__vllm_python=python_with_vllm, evaluate__temperature=0.6
     )
     problems = run(setup, **sampled)
     assert any(

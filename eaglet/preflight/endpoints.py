@@ -13,11 +13,40 @@ from pathlib import Path
 from eaglet.config.pipeline import PipelineConfig
 from eaglet.preflight.report import PreflightReport, first_line
 
+# Exit status 0 where the python can import vllm; finds the package without importing it.
+_FINDS_VLLM = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+
+
+def check_python_with_vllm(setting: str, python: str, report: PreflightReport) -> None:
+    """`python` (the value of `setting`) is an executable that finds the vllm package: the
+    server it starts comes hours into a run, after training."""
+    import subprocess
+
+    if not (Path(python).is_file() and os.access(python, os.X_OK)):
+        report.problems.append(
+            f"{setting}: {python} is not an executable file: give the python of a venv with "
+            "vLLM installed (e.g. .vllm-venv/bin/python)"
+        )
+        return
+    try:
+        found = subprocess.run([python, "-c", _FINDS_VLLM], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        report.problems.append(f"{setting}: {python} did not run: {first_line(str(exc))}")
+        return
+    if found.returncode != 0:
+        report.problems.append(
+            f"{setting}: {python} has no vllm package (`{python} -c 'import vllm'` fails): give "
+            "the python of a venv with vLLM installed (e.g. .vllm-venv/bin/python; "
+            "`make vllm-venv` makes it)"
+        )
+    else:
+        report.passed.append(f"{setting} {python}: finds vllm")
+
 
 def check_vllm_python(config: PipelineConfig, report: PreflightReport) -> None:
-    """The vLLM python the serving check starts a server with names an executable: the server
-    starts only at the evaluate stage, hours into a run (the hidden-state backend's is its
-    own check, `check_hidden_states_backend`)."""
+    """The vLLM python the serving check starts a server with finds vLLM: the server starts
+    only at the evaluate stage, hours into a run (the hidden-state backend's is its own
+    check, `check_hidden_states_backend`, with `check_python_with_vllm` too)."""
     wanted = {
         "evaluate.vllm_python": config.evaluate.serving == "vllm"
         and not config.evaluate.serving_endpoint
@@ -26,13 +55,7 @@ def check_vllm_python(config: PipelineConfig, report: PreflightReport) -> None:
     for setting, python in wanted.items():
         if not python:
             continue
-        if Path(python).is_file() and os.access(python, os.X_OK):
-            report.passed.append(f"{setting} {python}: executable")
-        else:
-            report.problems.append(
-                f"{setting}: {python} is not an executable file: give the python of a venv "
-                "with vLLM installed (e.g. .vllm-venv/bin/python)"
-            )
+        check_python_with_vllm(setting, python, report)
     if wanted["evaluate.vllm_python"] and config.evaluate.temperature > 0:
         import torch
 

@@ -444,21 +444,19 @@ class VllmServerBackend:
 
     def preflight(self, config: PipelineConfig, report: Any) -> None:
         """The servers, checked now rather than hours into the run: the python eaglet starts
-        one with is an executable (and its server on 127.0.0.1 is not one that the workers of
+        one with finds vLLM (and its server on 127.0.0.1 is not one that the workers of
         a Dask cluster elsewhere must reach); or the servers someone else runs answer as vLLM
         does, and their connector folder holds only connector files."""
-        from eaglet.preflight.endpoints import not_vllm_problem, vllm_endpoint_problem
+        from eaglet.preflight.endpoints import (
+            check_python_with_vllm,
+            not_vllm_problem,
+            vllm_endpoint_problem,
+        )
 
         settings = config.hidden_states.vllm
         python = settings.vllm_python
         if python:
-            if Path(python).is_file() and os.access(python, os.X_OK):
-                report.passed.append(f"hidden_states.vllm.vllm_python {python}: executable")
-            else:
-                report.problems.append(
-                    f"hidden_states.vllm.vllm_python: {python} is not an executable file: give "
-                    "the python of a venv with vLLM installed (e.g. .vllm-venv/bin/python)"
-                )
+            check_python_with_vllm("hidden_states.vllm.vllm_python", python, report)
             execution = config.execution
             mapped = execution.task_runner == "dask" and config.train.hidden_states != "online"
             if mapped and execution.dask_address:
