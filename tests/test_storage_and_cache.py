@@ -406,3 +406,22 @@ def test_stage_keys_stay_what_they_were_before_the_backend_sections(monkeypatch,
     assert keys(sections) == {
         s: PINNED_KEYS[f"vllm_started:{s}"] for s in ("hidden_states", "train")
     }
+
+
+def test_saved_tensors_get_the_mode_of_any_new_file_not_safetensors_0600(tmp_path):
+    """safetensors writes 0600: a draft in a shared work dir was unreadable to the owner's
+    team. Saved through `save_tensors`, a file gets what the umask gives any new file."""
+    import stat
+
+    import torch
+
+    from eaglet.storage import save_tensors
+
+    before = os.umask(0o002)
+    try:
+        save_tensors({"w": torch.zeros(2)}, tmp_path / "model.safetensors")
+        (tmp_path / "config.json").write_text("{}")
+    finally:
+        os.umask(before)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+    assert modes == {"model.safetensors": 0o664, "config.json": 0o664}

@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from eaglet.draft.vocab import DraftVocab
-from eaglet.storage import atomic_folder
+from eaglet.storage import atomic_folder, save_tensors
 
 
 def module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -50,7 +50,7 @@ def _write_training_state(
     vocab: DraftVocab,
     meta: dict,
 ) -> None:
-    save_file(module_tensors(model), str(tmp / "model.safetensors"))
+    save_tensors(module_tensors(model), tmp / "model.safetensors")
 
     opt = optimizer.state_dict()
     opt_tensors, opt_scalars = {}, {}
@@ -60,12 +60,12 @@ def _write_training_state(
                 opt_tensors[f"{idx}.{key}"] = value.detach().cpu().contiguous()
             else:
                 opt_scalars[f"{idx}.{key}"] = value
-    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+    save_tensors(opt_tensors, tmp / "optimizer.safetensors")
 
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng.update({f"cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-    save_file(rng, str(tmp / "rng.safetensors"))
+    save_tensors(rng, tmp / "rng.safetensors")
 
     vocab.save(tmp / "vocab.json")
     state = dict(meta, optimizer_param_groups=opt["param_groups"], optimizer_scalars=opt_scalars)

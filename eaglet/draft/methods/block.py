@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import nn
 
 from eaglet.draft.methods.base import (
@@ -52,7 +51,7 @@ from eaglet.draft.methods.loss import (
 )
 from eaglet.draft.methods.speculators import speculators_section, verifier_name, write_same_weights
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, default_aux_layer_ids
-from eaglet.storage import atomic_folder
+from eaglet.storage import atomic_folder, save_tensors
 
 if TYPE_CHECKING:
     from eaglet.config.pipeline import PipelineConfig
@@ -253,7 +252,7 @@ class BlockMethod:
         with atomic_folder(Path(folder)) as tmp:
             (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
             tensors = {k: v.float() for k, v in draft.checkpoint_tensors().items()}
-            save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            save_tensors(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         return Path(folder)
 
     def exports(self, draft_dir: Path, target: TargetConfig, k: int) -> dict[str, str]:

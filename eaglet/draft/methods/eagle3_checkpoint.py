@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from eaglet.draft.checkpoint import module_tensors
 from eaglet.draft.methods.eagle3_model import ARCHITECTURE_VARIANTS, Eagle3Config, Eagle3Draft
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
-from eaglet.storage import atomic_folder
+from eaglet.storage import atomic_folder, save_tensors
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 # SGLang's configured id i is the output of decoder layer i (it adds 1; see eagle3_exports.py)
@@ -136,7 +136,7 @@ def save_draft(
     config = draft_config_json(model.config, aux_layer_ids, aux_layer_convention)
     with atomic_folder(out_dir) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_file(module_tensors(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_tensors(module_tensors(model), tmp / "model.safetensors", metadata={"format": "pt"})
     return out_dir
 
 

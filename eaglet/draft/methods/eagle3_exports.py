@@ -36,7 +36,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from eaglet.config.target import TargetConfig
 from eaglet.draft.methods.base import ConfigJson, ExportConvention
@@ -50,7 +50,7 @@ from eaglet.draft.methods.eagle3_checkpoint import (
 )
 from eaglet.draft.methods.eagle3_model import ARCHITECTURE_VARIANTS
 from eaglet.draft.methods.speculators import speculators_section, verifier_name
-from eaglet.storage import atomic_folder
+from eaglet.storage import atomic_folder, save_tensors
 from eaglet.target import load_config
 
 VLLM_FOLDER = "draft"  # written by save_draft; checks outside the repository read this name
@@ -188,7 +188,7 @@ def write_speculators_export(
         for name, tensor in load_file(str(draft_dir / "model.safetensors")).items()
     }
     with atomic_folder(out_dir) as tmp:
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_tensors(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(spec, indent=2) + "\n")
     return out_dir
 
