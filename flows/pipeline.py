@@ -316,6 +316,11 @@ def run_task(
             refresh_cache=True if refresh or inputs.get("retry_failed") else None,
         )
         state = task(config, **inputs, refresh=refresh, return_state=True)
+        if not state.is_completed():
+            # A failure after a signal is the interrupt, which a library swallowed: torch
+            # turned one raised inside its sequence conversion into "ValueError: could not
+            # determine the shape of object type 'torch.storage.UntypedStorage'".
+            shutdown.raise_if_requested()
     except shutdown.Interrupted as exc:  # SIGINT/SIGTERM: the task run is marked Crashed
         if not exc.stage.startswith(BETWEEN_STAGES):  # one from before it began is not its crash
             entry = interrupted_entry(stage, config, inputs, exc, time.time() - started)
