@@ -147,30 +147,6 @@ class DiskFullError(PermanentError, OSError):
     the folder and what to do."""
 
 
-def _umask() -> int:
-    """This process's umask: read from /proc (setting it to read it back races threads)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def save_tensors(
-    tensors: dict[str, Any], path: Path, metadata: dict[str, str] | None = None
-) -> None:
-    """`safetensors.torch.save_file`, then the mode any file this process creates gets: it
-    writes 0600, so a draft in a shared work dir was unreadable to the team beside its owner."""
-    from safetensors.torch import save_file
-
-    save_file(tensors, str(path), metadata=metadata)
-    os.chmod(path, 0o666 & ~_umask())
-
-
 def is_disk_full(exc: BaseException) -> bool:
     """An ENOSPC, as the OS error or as a library's own error that carries it (safetensors'
     Rust writer raises a `SafetensorError` "... No space left on device (os error 28)"),

@@ -415,7 +415,7 @@ def test_saved_tensors_get_the_mode_of_any_new_file_not_safetensors_0600(tmp_pat
 
     import torch
 
-    from eaglet.storage import save_tensors
+    from eaglet.draft.checkpoint import save_tensors
 
     before = os.umask(0o002)
     try:

@@ -8,13 +8,37 @@ Each method writes its own exportable draft (`DraftMethod.save`).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from eaglet.draft.vocab import DraftVocab
-from eaglet.storage import atomic_folder, save_tensors
+from eaglet.storage import atomic_folder
+
+
+def _umask() -> int:
+    """This process's umask: read from /proc (setting it to read it back races threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def save_tensors(
+    tensors: dict[str, Any], path: Path, metadata: dict[str, str] | None = None
+) -> None:
+    """`safetensors.torch.save_file`, then the mode any file this process creates gets: it
+    writes 0600, so a draft in a shared work dir was unreadable to the team beside its owner."""
+    save_file(tensors, str(path), metadata=metadata)
+    os.chmod(path, 0o666 & ~_umask())
 
 
 def module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:

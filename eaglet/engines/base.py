@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from eaglet.records.generations import Generation
 from eaglet.records.prompts import Prompt
@@ -49,9 +49,3 @@ class Engine(Protocol):
     def generate(self, prompts: Iterable[Prompt]) -> Iterator[Generation]:
         """Yield one record per prompt, in any order, as soon as each is finished."""
         ...
-
-
-class EngineClass(Protocol):
-    """An engine's class as the registry builds it: `from_config(config, tokenizer, **kwargs)`."""
-
-    def from_config(self, config: Any, tokenizer: Any = None, **kwargs: Any) -> Engine: ...

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eaglet.config import PipelineConfig
-from eaglet.engines.base import Engine, EngineClass
+from eaglet.engines.base import Engine
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class EngineSpec:
     class_name: str
     needs_server: bool  # HTTP engines: the canary checks the server before generating
 
-    def engine_class(self) -> EngineClass:
+    def engine_class(self) -> type:
         return getattr(importlib.import_module(self.module), self.class_name)
 
 

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eaglet.draft.checkpoint import save_tensors
 from eaglet.draft.methods.base import (
     Batch,
     ConfigJson,
@@ -51,7 +52,7 @@ from eaglet.draft.methods.loss import (
 )
 from eaglet.draft.methods.speculators import speculators_section, verifier_name, write_same_weights
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, default_aux_layer_ids
-from eaglet.storage import atomic_folder, save_tensors
+from eaglet.storage import atomic_folder
 
 if TYPE_CHECKING:
     from eaglet.config.pipeline import PipelineConfig

@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from eaglet.draft.checkpoint import module_tensors
+from eaglet.draft.checkpoint import module_tensors, save_tensors
 from eaglet.draft.methods.eagle3_model import ARCHITECTURE_VARIANTS, Eagle3Config, Eagle3Draft
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION
-from eaglet.storage import atomic_folder, save_tensors
+from eaglet.storage import atomic_folder
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 # SGLang's configured id i is the output of decoder layer i (it adds 1; see eagle3_exports.py)

@@ -39,6 +39,7 @@ import torch
 from safetensors.torch import load_file
 
 from eaglet.config.target import TargetConfig
+from eaglet.draft.checkpoint import save_tensors
 from eaglet.draft.methods.base import ConfigJson, ExportConvention
 from eaglet.draft.methods.eagle3_checkpoint import (
     ARCHITECTURE,
@@ -50,7 +51,7 @@ from eaglet.draft.methods.eagle3_checkpoint import (
 )
 from eaglet.draft.methods.eagle3_model import ARCHITECTURE_VARIANTS
 from eaglet.draft.methods.speculators import speculators_section, verifier_name
-from eaglet.storage import atomic_folder, save_tensors
+from eaglet.storage import atomic_folder
 from eaglet.target import load_config
 
 VLLM_FOLDER = "draft"  # written by save_draft; checks outside the repository read this name
