@@ -98,18 +98,54 @@ def group_holds_listening_socket(group: int, port: int, proc: Path = Path("/proc
     return False
 
 
+def group_is_running(group: int, proc: Path = Path("/proc")) -> bool:
+    """Whether any process of process group `group` is still running (a zombie is not: it
+    writes nothing and holds no memory); where /proc is missing, whether the group exists."""
+    if not (proc / "self").is_dir():
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited meanwhile
+        if fields[0] != "Z" and int(fields[2]) == group:  # fields 3 and 5: state, group
+            return True
+    return False
+
+
 def stop_process_group(
     process: subprocess.Popen, first: signal.Signals = signal.SIGTERM, grace_s: float = 30.0
 ) -> None:
-    """Send `first` to the group of a process started with `start_new_session=True`; SIGKILL
-    the group if anything is left after `grace_s`."""
-    if process.poll() is None:
-        os.killpg(process.pid, first)
-        try:
-            process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    """Send `first` to the group of a process started with `start_new_session=True` and return
+    once every process of the group has exited (vLLM's engine process outlives its API server
+    by a moment and writes to the same log); SIGKILL whatever is left after `grace_s`."""
+    group = process.pid
+    try:
+        os.killpg(group, first)
+    except ProcessLookupError:
+        process.wait()
+        return
+    deadline = time.monotonic() + grace_s
+    for last_signal in (first, signal.SIGKILL):
+        while time.monotonic() < deadline:
+            process.poll()  # reap the leader, so it does not count
+            if not group_is_running(group):
+                process.wait()
+                return
+            time.sleep(0.1)
+        if last_signal is first:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + 10
+    process.wait()
 
 
 @contextmanager

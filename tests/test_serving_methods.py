@@ -90,6 +90,7 @@ def test_the_method_is_served_with_the_offline_tau(
     assert served["new_tokens"] == offline["new_tokens"]  # the same rounds, token for token
     assert report["tau"] > report["untrained_tau"]
     inspected = json.loads(run_cli(["inspect", str(work_dir), "--json"], cwd=tmp_path).stdout)
+    assert inspected["stages"]["evaluate"]["status"] == "complete", inspected["stages"]["evaluate"]
     assert inspected["evaluation"]["method"] == method
     assert inspected["training"]["method"] == method
     (train_folder,) = (work_dir / "train").glob("*/manifest.json")

@@ -3,12 +3,21 @@ up. A plain Python HTTP server stands in for vLLM (this is about the process, no
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from eaglet.vllm_process import VllmServerError, free_port, vllm_server
+from eaglet.vllm_process import (
+    VllmServerError,
+    free_port,
+    group_is_running,
+    stop_process_group,
+    vllm_server,
+)
 from tests.fake_servers import serve
 
 # a child that imports for `delay` seconds, as vLLM does, then binds --port and answers /health
@@ -61,3 +70,37 @@ def test_our_own_server_counts_once_it_answers(tmp_path):
     command = child_command(tmp_path, port, delay_s=1.0)
     with vllm_server(command, tmp_path / "server.log", startup_timeout_s=30) as url:
         assert url == f"http://127.0.0.1:{port}"
+
+
+def test_stopping_returns_only_once_every_process_of_the_group_has_exited(tmp_path):
+    """vLLM's engine process outlives its API server by a moment and writes to the same log; a
+    log sealed into a manifest before then no longer matches its size (`eaglet inspect` read
+    such an evaluate folder as corrupt). The leader here dies at once on SIGTERM; its child
+    takes half a second to write its last line."""
+    log_path = tmp_path / "server.log"
+    script = (
+        '(trap "sleep 0.5; echo the child stopped; exit 0" TERM; '
+        "while :; do sleep 0.05; done) & echo started; wait"
+    )
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            ["bash", "-c", script], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    while "started" not in log_path.read_text():
+        time.sleep(0.05)
+    time.sleep(0.2)  # the child has set its trap
+    stop_process_group(process, signal.SIGTERM, grace_s=10)
+    assert log_path.read_text().splitlines()[-1] == "the child stopped"
+    assert not group_is_running(process.pid)
+
+
+def test_a_group_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    process = subprocess.Popen(
+        ["bash", "-c", 'trap "" TERM; (trap "" TERM; sleep 60) & sleep 60'],
+        start_new_session=True,
+    )
+    time.sleep(0.3)
+    began = time.monotonic()
+    stop_process_group(process, signal.SIGTERM, grace_s=1)
+    assert time.monotonic() - began < 8
+    assert process.returncode == -signal.SIGKILL and not group_is_running(process.pid)
