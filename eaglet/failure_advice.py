@@ -76,7 +76,7 @@ class RunOrigin:
     @classmethod
     def of_run(cls, record: Mapping[str, Any] | None) -> RunOrigin:
         """The origin a run record (`run.json`) holds."""
-        run: dict[str, Any] = dict(record or {})
+        run = record or {}
         return cls(
             run.get("started_from", "shell"),
             run.get("config_path") or None,
