@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from pathlib import Path
 
+import eaglet
 from eaglet import work_dir_lock
 from eaglet.config import ConfigError
 from eaglet.preflight import PreflightError
@@ -33,7 +35,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _eaglets_warnings_in_one_line() -> None:
+    """A warning eaglet itself gives (an older config key's spelling) prints as one
+    `warning:` line, as errors do; any other keeps Python's format."""
+    ours, python_format = str(Path(eaglet.__file__).parent), warnings.formatwarning
+
+    def one_line(message, category, filename, lineno, line=None) -> str:
+        if filename.startswith(ours):
+            return f"warning: {message}\n"
+        return python_format(message, category, filename, lineno, line)
+
+    warnings.formatwarning = one_line
+
+
 def main(argv: list[str] | None = None) -> int:
+    _eaglets_warnings_in_one_line()
     args = build_parser().parse_args(argv)
     if args.command not in ("demo", "run"):
         return _run_command(args)

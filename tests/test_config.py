@@ -240,7 +240,9 @@ def test_a_backends_keys_written_in_hidden_states_itself_still_load_into_its_sec
     folder as before."""
     (tmp_path / "old.yaml").write_text(OLD_HIDDEN_STATES)
     (tmp_path / "new.yaml").write_text(NEW_HIDDEN_STATES)
-    old, new = load_config(tmp_path / "old.yaml"), load_config(tmp_path / "new.yaml")
+    with pytest.warns(FutureWarning, match=r"hidden_states\.endpoints is the older spell"):
+        old = load_config(tmp_path / "old.yaml")
+    new = load_config(tmp_path / "new.yaml")
     assert old == new
     vllm = new.hidden_states.vllm
     assert vllm.endpoints == ["http://h:8100"] and vllm.served_model == "big"
@@ -295,3 +297,25 @@ def test_the_type_checkers_hidden_states_sections_are_the_registrys():
     }
     built = {name: HiddenStatesConfig.model_fields[name].annotation.__name__ for name in BACKENDS}
     assert sections == built
+
+
+def test_the_cli_prints_an_older_spellings_deprecation_in_one_line(monkeypatch):
+    import warnings
+
+    from eaglet_prefect.flows import cli
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
+    cli._eaglets_warnings_in_one_line()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = load_config(None, ["hidden_states.concurrency=4"])
+    assert loaded.hidden_states.vllm.concurrency == 4
+    (warning,) = caught
+    shown = warnings.formatwarning(warning.message, warning.category, warning.filename, 1)
+    assert shown == (
+        "warning: hidden_states.concurrency is the older spelling of "
+        "hidden_states.vllm.concurrency: it is read as hidden_states.vllm.concurrency; write it "
+        "there (the flat spelling is deprecated and will be removed)\n"
+    )
+    other = warnings.formatwarning("x", UserWarning, "/elsewhere/lib.py", 3)
+    assert other.startswith("/elsewhere/lib.py:3: UserWarning: x")

@@ -6,6 +6,7 @@ flat in `hidden_states` and the backend section each now lives in (`FLAT_BACKEND
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
@@ -25,6 +26,17 @@ FLAT_BACKEND_KEYS: dict[str, str] = {
         "vllm",
     ),
 }  # fmt: skip
+
+
+def warn_flat_key(key: str) -> None:
+    """The deprecation line of an older spelling (`FLAT_BACKEND_KEYS`), read all the same."""
+    current = f"hidden_states.{FLAT_BACKEND_KEYS[key]}.{key}"
+    warnings.warn(
+        f"hidden_states.{key} is the older spelling of {current}: it is read as {current}; "
+        f"write it there (the flat spelling is deprecated and will be removed)",
+        FutureWarning,
+        stacklevel=4,
+    )
 
 
 # Keys hidden_states no longer has, with the value each had by default: a config that holds
@@ -95,6 +107,7 @@ class _HiddenStatesSettings(Strict):
         data = dict(data)
         for key in [key for key in data if key in FLAT_BACKEND_KEYS]:
             name, value = FLAT_BACKEND_KEYS[key], data.pop(key)
+            warn_flat_key(key)
             section = data.get(name)
             if isinstance(section, BaseModel):
                 section = section.model_dump(exclude_unset=True)

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from eaglet.config.hidden_states import FLAT_BACKEND_KEYS
+from eaglet.config.hidden_states import FLAT_BACKEND_KEYS, warn_flat_key
 from eaglet.config.pipeline import PipelineConfig
 from eaglet.config_fields import is_local_path
 from eaglet.errors import PermanentError
@@ -78,6 +78,7 @@ def _current_spelling(path: list[str]) -> list[str]:
     hidden_states itself (`hidden_states.endpoints`) in its backend's section
     (`hidden_states.vllm.endpoints`), where the config it applies to holds it."""
     if len(path) >= 2 and path[0] == "hidden_states" and path[1] in FLAT_BACKEND_KEYS:
+        warn_flat_key(path[1])
         return [path[0], FLAT_BACKEND_KEYS[path[1]], *path[1:]]
     return path
 
