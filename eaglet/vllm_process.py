@@ -123,8 +123,9 @@ def stop_process_group(
     process: subprocess.Popen, first: signal.Signals = signal.SIGTERM, grace_s: float = 30.0
 ) -> None:
     """Send `first` to the group of a process started with `start_new_session=True` and return
-    once every process of the group has exited (vLLM's engine process outlives its API server
-    by a moment and writes to the same log); SIGKILL whatever is left after `grace_s`."""
+    once every process of the group has exited (the API server's multiprocessing resource
+    tracker writes its last lines to the same log after the API server is gone); SIGKILL
+    whatever is left after `grace_s`."""
     group = process.pid
     try:
         os.killpg(group, first)

@@ -73,10 +73,11 @@ def test_our_own_server_counts_once_it_answers(tmp_path):
 
 
 def test_stopping_returns_only_once_every_process_of_the_group_has_exited(tmp_path):
-    """vLLM's engine process outlives its API server by a moment and writes to the same log; a
-    log sealed into a manifest before then no longer matches its size (`eaglet inspect` read
-    such an evaluate folder as corrupt). The leader here dies at once on SIGTERM; its child
-    takes half a second to write its last line."""
+    """vLLM's API server has a child in its group (multiprocessing's resource tracker) that
+    writes its last lines to the same log after the API server has exited; a log sealed into
+    a manifest before then no longer matches its size (`eaglet inspect` read such an evaluate
+    folder as corrupt). The leader here dies at once on SIGTERM; its child takes half a
+    second to write its last line."""
     log_path = tmp_path / "server.log"
     script = (
         '(trap "sleep 0.5; echo the child stopped; exit 0" TERM; '
