@@ -58,10 +58,10 @@ MB = 2**20
 # here (cProfile, 2026-12-07) at 230 tokens a step. The GPU size keeps the default, Muon.
 SIZES = {
     "gpu": {"shape": "qwen3-8b", "layers": 8, "samples": 96, "max_tokens": 128, "steps": 200,
-            "prompts": 8, "methods": ("eagle3", "peagle", "dflash", "dspark"),
-            "optimizer": None, "lr": None},
+            "prompts": 8, "methods": ("eagle3", "peagle", "dflash", "dspark"), "train": []},
     "cpu": {"shape": "qwen3-0.6b", "layers": 4, "samples": 6, "max_tokens": 12, "steps": 4,
-            "prompts": 1, "methods": ("eagle3", "peagle"), "optimizer": "adamw", "lr": 0.0001},
+            "prompts": 1, "methods": ("eagle3", "peagle"),
+            "train": ["train.optimizer=adamw", "train.lr=0.0001"]},
 }  # fmt: skip
 
 
@@ -100,33 +100,26 @@ def parameters(folder: Path, within: str = "") -> int:
 
 def overrides(out: Path, model: Path, data: Path, device: str, size: dict) -> list[str]:
     on_gpu = device.startswith("cuda")
-    return (
-        [
-            f"work_dir={out / 'work'}",
-            f"target.model={model}",
-            f"target.device={device}",
-            f"datasets=[{{source: arith, path: {data / 'arith.jsonl'}, limit: {size['samples']}}}]",
-            f"generation.max_tokens={size['max_tokens']}",
-            "generation.batch_size=32",
-            # random weights answer noise, run to max_tokens: the gates are not what this checks
-            "reasoning.max_truncation_rate=1.0",
-            "reasoning.min_capture_rate=0.0",
-            f"train.device={device}",
-            f"train.precision={'bfloat16' if on_gpu else 'float32'}",
-            "train.epochs=1000",
-            f"train.max_steps={size['steps']}",
-            f"train.log_every={max(1, size['steps'] // 10)}",
-            "train.holdout_fraction=0.1",
-            f"evaluate.max_prompts={size['prompts']}",
-            f"evaluate.max_new_tokens={min(64, size['max_tokens'] // 2)}",
-        ]
-        + (["hidden_states.aux_layer_ids=[1, 2, 3]"] if size["layers"] < 7 else [])
-        + (
-            [f"train.optimizer={size['optimizer']}", f"train.lr={size['lr']}"]
-            if size["optimizer"]
-            else []
-        )
-    )
+    return [
+        f"work_dir={out / 'work'}",
+        f"target.model={model}",
+        f"target.device={device}",
+        f"datasets=[{{source: arith, path: {data / 'arith.jsonl'}, limit: {size['samples']}}}]",
+        f"generation.max_tokens={size['max_tokens']}",
+        "generation.batch_size=32",
+        # random weights answer noise, run to max_tokens: the gates are not what this checks
+        "reasoning.max_truncation_rate=1.0",
+        "reasoning.min_capture_rate=0.0",
+        f"train.device={device}",
+        f"train.precision={'bfloat16' if on_gpu else 'float32'}",
+        "train.epochs=1000",
+        f"train.max_steps={size['steps']}",
+        f"train.log_every={max(1, size['steps'] // 10)}",
+        "train.holdout_fraction=0.1",
+        f"evaluate.max_prompts={size['prompts']}",
+        f"evaluate.max_new_tokens={min(64, size['max_tokens'] // 2)}",
+        *size["train"],  # the size's own training settings
+    ] + (["hidden_states.aux_layer_ids=[1, 2, 3]"] if size["layers"] < 7 else [])
 
 
 # Settings a method needs beside the defaults at the check's sizes (its k with the evaluation's).

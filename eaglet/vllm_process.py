@@ -77,6 +77,21 @@ def listening_socket_inodes(port: int, proc: Path = Path("/proc")) -> set[str] |
     return inodes if found_table else None
 
 
+def _running_members(group: int, proc: Path) -> Iterator[Path]:
+    """The /proc entries of the running processes of process group `group` (a zombie is not
+    running: it writes nothing and holds no memory or socket)."""
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            running = fields[0] != "Z" and int(fields[2]) == group  # fields 3, 5: state, group
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+        if running:
+            yield entry
+
+
 def group_holds_listening_socket(group: int, port: int, proc: Path = Path("/proc")) -> bool | None:
     """Whether a process of process group `group` holds a socket listening on `port`; None
     where /proc cannot say (not Linux)."""
@@ -84,38 +99,36 @@ def group_holds_listening_socket(group: int, port: int, proc: Path = Path("/proc
     if inodes is None or not (proc / str(group) / "fd").is_dir():
         return None
     wanted = {f"socket:[{inode}]" for inode in inodes}
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
+    for entry in _running_members(group, proc):
         try:
-            stat = (entry / "stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[2]) != group:  # field 5: the process group
-                continue
             if any(os.readlink(fd) in wanted for fd in (entry / "fd").iterdir()):
                 return True
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue  # exited meanwhile, or not ours to read
     return False
 
 
 def group_is_running(group: int, proc: Path = Path("/proc")) -> bool:
-    """Whether any process of process group `group` is still running (a zombie is not: it
-    writes nothing and holds no memory); where /proc is missing, whether the group exists."""
+    """Whether any process of process group `group` is still running; where /proc is
+    missing, whether the group exists."""
     if not (proc / "self").is_dir():
         try:
             os.killpg(group, 0)
         except ProcessLookupError:
             return False
         return True
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # exited meanwhile
-        if fields[0] != "Z" and int(fields[2]) == group:  # fields 3 and 5: state, group
+    return next(_running_members(group, proc), None) is not None
+
+
+def _group_ended_within(process: subprocess.Popen, seconds: float) -> bool:
+    """Wait up to `seconds` for every process of `process`'s group to exit (the leader is
+    reaped meanwhile, so that it does not count)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        process.poll()
+        if not group_is_running(process.pid):
             return True
+        time.sleep(0.1)
     return False
 
 
@@ -126,26 +139,13 @@ def stop_process_group(
     once every process of the group has exited (the API server's multiprocessing resource
     tracker writes its last lines to the same log after the API server is gone); SIGKILL
     whatever is left after `grace_s`."""
-    group = process.pid
     try:
-        os.killpg(group, first)
+        os.killpg(process.pid, first)
+        if not _group_ended_within(process, grace_s):
+            os.killpg(process.pid, signal.SIGKILL)
+            _group_ended_within(process, 10)
     except ProcessLookupError:
-        process.wait()
-        return
-    deadline = time.monotonic() + grace_s
-    for last_signal in (first, signal.SIGKILL):
-        while time.monotonic() < deadline:
-            process.poll()  # reap the leader, so it does not count
-            if not group_is_running(group):
-                process.wait()
-                return
-            time.sleep(0.1)
-        if last_signal is first:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + 10
+        pass  # the whole group has exited
     process.wait()
 
 

@@ -15,9 +15,8 @@ import sys
 import warnings
 from pathlib import Path
 
-import eaglet
 from eaglet import work_dir_lock
-from eaglet.config import ConfigError
+from eaglet.config import ConfigError, DeprecatedSpelling
 from eaglet.preflight import PreflightError
 from eaglet.run_report import RUN_FILE, finished_stages, read_run_record
 from eaglet_prefect.flows.commands import COMMANDS
@@ -38,10 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _eaglets_warnings_in_one_line() -> None:
     """A warning eaglet itself gives (an older config key's spelling) prints as one
     `warning:` line, as errors do; any other keeps Python's format."""
-    ours, python_format = str(Path(eaglet.__file__).parent), warnings.formatwarning
+    python_format = warnings.formatwarning
 
     def one_line(message, category, filename, lineno, line=None) -> str:
-        if filename.startswith(ours):
+        if issubclass(category, DeprecatedSpelling):
             return f"warning: {message}\n"
         return python_format(message, category, filename, lineno, line)
 

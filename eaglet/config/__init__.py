@@ -20,7 +20,11 @@ from eaglet.config.datasets import DatasetSpec
 from eaglet.config.evaluate import DEMO_EVAL_SETS, EvalSet, EvaluateConfig
 from eaglet.config.execution import ExecutionConfig
 from eaglet.config.generation import GenerationConfig, SamplingChoice
-from eaglet.config.hidden_states import FLAT_BACKEND_KEYS, HiddenStatesConfig
+from eaglet.config.hidden_states import (
+    FLAT_BACKEND_KEYS,
+    DeprecatedSpelling,
+    HiddenStatesConfig,
+)
 from eaglet.config.loading import (
     ConfigError,
     apply_overrides,
@@ -39,6 +43,7 @@ from eaglet.config_fields import bounds_text, is_cache_neutral  # re-exported (d
 __all__ = [
     "DEMO_EVAL_SETS",
     "FLAT_BACKEND_KEYS",
+    "DeprecatedSpelling",
     "ConfigError",
     "DFlashSettings",
     "DSparkSettings",

@@ -28,14 +28,18 @@ FLAT_BACKEND_KEYS: dict[str, str] = {
 }  # fmt: skip
 
 
+class DeprecatedSpelling(FutureWarning):
+    """A config key written in a spelling that still loads and will be removed."""
+
+
 def warn_flat_key(key: str) -> None:
     """The deprecation line of an older spelling (`FLAT_BACKEND_KEYS`), read all the same."""
     current = f"hidden_states.{FLAT_BACKEND_KEYS[key]}.{key}"
     warnings.warn(
         f"hidden_states.{key} is the older spelling of {current}: it is read as {current}; "
         f"write it there (the flat spelling is deprecated and will be removed)",
-        FutureWarning,
-        stacklevel=4,
+        DeprecatedSpelling,
+        stacklevel=2,
     )
 
 
