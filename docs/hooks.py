@@ -6,9 +6,8 @@
 - Config keys: every key a page or README.md names in backticks (`generation.max_tokens`,
   `train.hidden_states: online`, `train.dflash.{block_size, anchors}`) whose first part is a
   PipelineConfig section, and every key of a YAML block that is a config, must exist in
-  PipelineConfig. The older flat spelling of a hidden-state backend's keys
-  (`hidden_states.endpoints` for `hidden_states.vllm.endpoints`: `eaglet.config.
-  FLAT_BACKEND_KEYS`), which a config still loads, passes too.
+  PipelineConfig. An older spelling a config still loads (`hidden_states.endpoints` for
+  `hidden_states.vllm.endpoints`: `eaglet.config.OLDER_SPELLINGS`) passes too.
 - Links: benchmarks/README.md and tests/reliability/README.md are pages of the site too. A
   link written for GitHub (relative to the file in the repository) is rewritten to the site's
   page; one to another repository file becomes its path in code; one to nothing fails. README's
@@ -62,11 +61,11 @@ def _pipeline_config() -> type:
     return PipelineConfig
 
 
-def _flat_backend_keys() -> set[str]:
-    """The keys older configs wrote in `hidden_states` itself, still read into a section."""
+def _older_spellings() -> set[str]:
+    """The dotted keys of an older spelling a config still loads (`eaglet.config.spellings`)."""
     import eaglet.config
 
-    return set(getattr(eaglet.config, "FLAT_BACKEND_KEYS", {}))
+    return set(getattr(eaglet.config, "OLDER_SPELLINGS", {}))
 
 
 def _is_model(annotation: Any) -> bool:
@@ -119,12 +118,13 @@ def _resolves(annotation: Any, parts: list[str]) -> bool:
 
 
 def _key_exists(parts: list[str]) -> bool:
-    return _resolves(_state["config"], parts) or _flat_backend_key(parts)
+    return _resolves(_state["config"], parts) or _older_spelling(parts)
 
 
-def _flat_backend_key(parts: list[str]) -> bool:
-    """`hidden_states.<key>` in the older flat spelling of a backend's key."""
-    return len(parts) == 2 and parts[0] == "hidden_states" and parts[1] in _state["flat_keys"]
+def _older_spelling(parts: list[str]) -> bool:
+    """A key in an older spelling a config still loads (`hidden_states.endpoints`), or a key
+    inside one."""
+    return any(".".join(parts[:n]) in _state["older_spellings"] for n in range(1, len(parts) + 1))
 
 
 def _sections() -> set[str]:
@@ -188,7 +188,7 @@ def _check_yaml_blocks(text: str, where: str) -> None:
         if not isinstance(data, dict) or not set(data) & set(config.model_fields):
             continue  # not a config file
         for parts in _yaml_paths(data, []):
-            if not _resolves(config, parts) and not _flat_backend_key(parts[:2]):
+            if not _resolves(config, parts) and not _older_spelling(parts):
                 _problem(f"{where}: YAML key {'.'.join(parts)} is not a key of PipelineConfig")
 
 
@@ -389,7 +389,7 @@ def on_config(config: Any) -> Any:
     _state["problems"] = []
     _state["anchors"] = {}
     _state["config"] = _pipeline_config()
-    _state["flat_keys"] = _flat_backend_keys()
+    _state["older_spellings"] = _older_spellings()
     _state["sections"] = _sections()
     return config
 

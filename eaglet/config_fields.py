@@ -1,6 +1,7 @@
 """What every config section is made of: the strict base model (unknown keys refused, a form
-field left blank read as None, bounds said in the form), server URL fields, and the mark of a
-field that changes how fast or where a stage runs, never what it writes (`CACHE_NEUTRAL`).
+field left blank read as None, bounds said in the form), server URL fields, the mark of a
+field that changes how fast or where a stage runs, never what it writes (`CACHE_NEUTRAL`), and
+the settings of a vLLM server eaglet starts (`VllmServerSettings`), wherever it starts one.
 
 Apart from `eaglet.config` so that a section declared elsewhere (a hidden-state backend's,
 `eaglet.hidden_states.backends`) is built from the same parts without importing the whole
@@ -9,9 +10,9 @@ configuration, which imports it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, get_args
+from typing import Annotated, Any, ClassVar, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 from pydantic.json_schema import JsonDict
 
@@ -107,9 +108,12 @@ def _blank_means_none(schema: dict[str, Any]) -> None:
             del prop["default"]
 
 
-def _form_schema(schema: dict[str, Any]) -> None:
+def _form_schema(schema: dict[str, Any], model: type) -> None:
     _blank_means_none(schema)
     _say_bounds(schema)
+    for name in getattr(model, "shown_last", ()):  # after the section's own fields
+        if name in schema.get("properties", {}):
+            schema["properties"][name] = schema["properties"].pop(name)
 
 
 def is_blank(value: Any) -> bool:
@@ -147,3 +151,30 @@ class Strict(BaseModel):
             else value
             for key, value in data.items()
         }
+
+
+class VllmServerSettings(Strict):
+    """A vLLM server eaglet starts itself, the same keys in every section that can start one
+    (`hidden_states.vllm`, `evaluate`): the python of vLLM's venv, more flags, and how long it
+    may take to be healthy. The section adds what it serves and with what."""
+
+    shown_last: ClassVar[tuple[str, ...]] = ("vllm_python", "vllm_args", "startup_timeout_s")
+
+    vllm_python: str | None = Field(
+        None,
+        description="The python of a vLLM venv on this machine (vLLM's own venv). Set, eaglet "
+        "starts the vLLM server this section needs itself, for the target, instead of using "
+        "a running one, and stops it when done.",
+    )
+    vllm_args: list[str] = Field(
+        default_factory=list,
+        description="More flags for the server eaglet starts (e.g. --enforce-eager, "
+        "--tensor-parallel-size 8, --max-model-len 32768).",
+    )
+    startup_timeout_s: float = Field(
+        900.0,
+        gt=0.0,
+        le=86_400.0,
+        description="Seconds the server eaglet starts may take to be healthy.",
+        json_schema_extra=CACHE_NEUTRAL,
+    )

@@ -267,6 +267,26 @@ def test_a_backend_key_written_both_ways_with_two_values_is_an_error(tmp_path):
     assert load_config(path).hidden_states.vllm.served_model == "big"
 
 
+def test_every_vllm_server_eaglet_starts_has_the_same_keys_the_older_one_still_loading():
+    """One settings model (`VllmServerSettings`) for a vLLM server eaglet starts, in both
+    sections that start one, its keys after the section's own in the form; evaluate's older
+    `serving_startup_timeout_s` loads as `evaluate.startup_timeout_s`, said deprecated."""
+    from eaglet.config_fields import VllmServerSettings
+
+    server = list(VllmServerSettings.model_fields)
+    schema = PipelineConfig.model_json_schema()["$defs"]
+    for section in (PipelineConfig().evaluate, PipelineConfig().hidden_states.vllm):
+        assert isinstance(section, VllmServerSettings)
+        assert list(schema[type(section).__name__]["properties"])[-len(server) :] == server
+    with pytest.warns(FutureWarning, match=r"evaluate\.serving_startup_timeout_s is the older"):
+        loaded = load_config(None, ["evaluate.serving_startup_timeout_s=42"])
+    assert loaded.evaluate.startup_timeout_s == 42
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="both set, to 1 and 2"):
+        PipelineConfig.model_validate(
+            {"evaluate": {"serving_startup_timeout_s": 1, "startup_timeout_s": 2}}
+        )
+
+
 def test_a_vllm_server_eaglet_does_not_start_needs_its_connector_folder():
     with pytest.raises(ConfigError, match="needs hidden_states.vllm.connector_path"):
         load_config(None, ["hidden_states.backend=vllm"])

@@ -7,11 +7,13 @@ that names the key instead of a silently ignored setting.
 One module per section, named as its key, holds the section's fields and its own rules:
 `datasets`, `target`, `tokenize`, `generation`, `reasoning`, `hidden_states`, `train`,
 `evaluate`, `execution`; `pipeline` puts them together (`PipelineConfig`), `loading` reads a
-file and overrides into one (`load_config`, `ConfigError`). What every section is made of (the
-strict base model, URL fields, the `CACHE_NEUTRAL` mark) is `eaglet.config_fields`, apart from
-this package so that a section declared elsewhere (a hidden-state backend's) is built from the
-same parts without loading the whole configuration. A module that reads one or two sections may
-import them from their modules; every name is also importable from `eaglet.config`.
+file and overrides into one (`load_config`, `ConfigError`), `spellings` holds the older
+spellings of keys that still load. What every section is made of (the strict base model, URL
+fields, the `CACHE_NEUTRAL` mark, a started vLLM server's settings) is `eaglet.config_fields`,
+apart from this package so that a section declared elsewhere (a hidden-state backend's) is
+built from the same parts without loading the whole configuration. A module that reads one or
+two sections may import them from their modules; every name is also importable from
+`eaglet.config`.
 """
 
 from __future__ import annotations
@@ -20,11 +22,7 @@ from eaglet.config.datasets import DatasetSpec
 from eaglet.config.evaluate import DEMO_EVAL_SETS, EvalSet, EvaluateConfig
 from eaglet.config.execution import ExecutionConfig
 from eaglet.config.generation import GenerationConfig, SamplingChoice
-from eaglet.config.hidden_states import (
-    FLAT_BACKEND_KEYS,
-    DeprecatedSpelling,
-    HiddenStatesConfig,
-)
+from eaglet.config.hidden_states import HiddenStatesConfig
 from eaglet.config.loading import (
     ConfigError,
     apply_overrides,
@@ -35,6 +33,7 @@ from eaglet.config.loading import (
 from eaglet.config.pipeline import PipelineConfig
 from eaglet.config.reasoning import ReasoningConfig
 from eaglet.config.refresh import RefreshConfig
+from eaglet.config.spellings import FLAT_BACKEND_KEYS, OLDER_SPELLINGS, DeprecatedSpelling
 from eaglet.config.target import TargetConfig
 from eaglet.config.tokenize import TokenizeConfig
 from eaglet.config.train import DFlashSettings, DSparkSettings, TrainConfig
@@ -43,6 +42,7 @@ from eaglet.config_fields import bounds_text, is_cache_neutral  # re-exported (d
 __all__ = [
     "DEMO_EVAL_SETS",
     "FLAT_BACKEND_KEYS",
+    "OLDER_SPELLINGS",
     "DeprecatedSpelling",
     "ConfigError",
     "DFlashSettings",

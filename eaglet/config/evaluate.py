@@ -5,11 +5,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from eaglet.config_fields import CACHE_NEUTRAL, BaseUrl, Strict
+from eaglet.config.spellings import move_older_keys
+from eaglet.config_fields import BaseUrl, Strict, VllmServerSettings
 
 
 class EvalSet(Strict):
@@ -34,7 +35,7 @@ DEMO_EVAL_SETS = [  # the demo's evaluation sets, beside its datasets (eaglet.fi
 ]
 
 
-class EvaluateConfig(Strict):
+class EvaluateConfig(VllmServerSettings):
     model_config = ConfigDict(title="Evaluation")  # the UI form's heading
 
     sets: list[EvalSet] = Field(
@@ -76,22 +77,6 @@ class EvaluateConfig(Strict):
         description="Base URL of a running vLLM server that already serves the target with this "
         "draft (k = num_speculative_tokens); blank (null) = eaglet starts one with vllm_python.",
     )
-    vllm_python: str | None = Field(
-        None,
-        description="Python interpreter of a vLLM installation (its own venv), used to start the "
-        "server when serving_endpoint is not set.",
-    )
-    vllm_args: list[str] = Field(
-        default_factory=list,
-        description="Extra arguments for the vLLM server eaglet starts (e.g. --enforce-eager).",
-    )
-    serving_startup_timeout_s: float = Field(
-        600.0,
-        gt=0,
-        le=7200,
-        description="Seconds to wait for the started server's /health.",
-        json_schema_extra=CACHE_NEUTRAL,
-    )
     speedup_concurrency: list[int] = Field(
         default_factory=lambda: [1, 4, 16, 64],
         description="With serving: vllm and a server eaglet starts: the same prompts served "
@@ -119,6 +104,11 @@ class EvaluateConfig(Strict):
         "the stage fails (greedy float32 on the fixture draft: 0.01-0.02; sampled tau is a "
         "draw: leave room for its noise).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_spellings(cls, data: Any) -> Any:
+        return move_older_keys(__name__, data)
 
     @model_validator(mode="after")
     def _one_set_per_name(self) -> EvaluateConfig:

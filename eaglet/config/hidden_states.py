@@ -1,47 +1,18 @@
 """`hidden_states`: the target's features the draft learns from: layers, storage, the backend,
 and one section per backend of the registry (`eaglet.hidden_states.backends`), each typed
-as the backend's own `settings` (`HiddenStatesConfig`). Also the keys older configs wrote
-flat in `hidden_states` and the backend section each now lives in (`FLAT_BACKEND_KEYS`).
+as the backend's own `settings` (`HiddenStatesConfig`). The keys older configs wrote flat in
+`hidden_states` are read into their sections (`eaglet.config.spellings`).
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import ConfigDict, Field, create_model, model_validator
 
+from eaglet.config.spellings import move_older_keys
 from eaglet.config_fields import Strict
 from eaglet.hidden_states.backends import BACKENDS, BackendName, hidden_states_backend
-
-# The keys hidden_states held itself before each backend had its section (issue 35), and the
-# backend whose section holds each now. Older configs still write them flat: they are read into
-# the section, and a stage key holds them flat, as it did (eaglet.cache). Never extended: a new
-# backend's keys live in its section only.
-FLAT_BACKEND_KEYS: dict[str, str] = {
-    "device_map": "hf",
-    **dict.fromkeys(
-        ("endpoints", "connector_path", "served_model", "concurrency", "request_timeout_s",
-         "vllm_python", "vllm_args", "startup_timeout_s"),
-        "vllm",
-    ),
-}  # fmt: skip
-
-
-class DeprecatedSpelling(FutureWarning):
-    """A config key written in a spelling that still loads and will be removed."""
-
-
-def warn_flat_key(key: str) -> None:
-    """The deprecation line of an older spelling (`FLAT_BACKEND_KEYS`), read all the same."""
-    current = f"hidden_states.{FLAT_BACKEND_KEYS[key]}.{key}"
-    warnings.warn(
-        f"hidden_states.{key} is the older spelling of {current}: it is read as {current}; "
-        f"write it there (the flat spelling is deprecated and will be removed)",
-        DeprecatedSpelling,
-        stacklevel=2,
-    )
-
 
 # Keys hidden_states no longer has, with the value each had by default: a config that holds
 # that value (every WORK_DIR/config.yaml an earlier run wrote) loads as before, the key
@@ -103,28 +74,9 @@ class _HiddenStatesSettings(Strict):
     @model_validator(mode="before")
     @classmethod
     def _flat_keys_into_sections(cls, data: Any) -> Any:
-        """An older config's backend key written in hidden_states itself (FLAT_BACKEND_KEYS)
-        moves into its backend's section; written in both places with two values, it is an
-        error (which would win is anybody's guess)."""
-        if not isinstance(data, dict) or not any(key in data for key in FLAT_BACKEND_KEYS):
-            return data
-        data = dict(data)
-        for key in [key for key in data if key in FLAT_BACKEND_KEYS]:
-            name, value = FLAT_BACKEND_KEYS[key], data.pop(key)
-            warn_flat_key(key)
-            section = data.get(name)
-            if isinstance(section, BaseModel):
-                section = section.model_dump(exclude_unset=True)
-            section = dict(section or {})
-            if key in section and section[key] != value:
-                raise ValueError(
-                    f"hidden_states.{key} (the older spelling) and hidden_states.{name}.{key} "
-                    f"are both set, to {value!r} and {section[key]!r}: keep "
-                    f"hidden_states.{name}.{key}"
-                )
-            section[key] = value
-            data[name] = section
-        return data
+        """An older config's backend key written in hidden_states itself moves into its
+        backend's section (`eaglet.config.spellings`)."""
+        return move_older_keys(__name__, data)
 
     @model_validator(mode="after")
     def _chosen_backend_can_run(self) -> _HiddenStatesSettings:

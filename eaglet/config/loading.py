@@ -1,5 +1,5 @@
 """Loading a config: the YAML file (a key written twice is refused), `--set a.b=value`
-overrides (an older config's flat `hidden_states` key respelt), relative paths made
+overrides (an older spelling respelt, `eaglet.config.spellings`), relative paths made
 absolute (`resolve_paths`), and validation errors said as one `ConfigError` naming each key.
 """
 
@@ -11,8 +11,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from eaglet.config.hidden_states import FLAT_BACKEND_KEYS, warn_flat_key
 from eaglet.config.pipeline import PipelineConfig
+from eaglet.config.spellings import current_path
 from eaglet.config_fields import is_local_path
 from eaglet.errors import PermanentError
 from eaglet.hidden_states.backends import BACKENDS
@@ -73,20 +73,10 @@ def _list_index(override: str, path: list[str], depth: int, items: list) -> int:
     return index
 
 
-def _current_spelling(path: list[str]) -> list[str]:
-    """An override's key as the config holds it now: an older config's backend key written in
-    hidden_states itself (`hidden_states.endpoints`) in its backend's section
-    (`hidden_states.vllm.endpoints`), where the config it applies to holds it."""
-    if len(path) >= 2 and path[0] == "hidden_states" and path[1] in FLAT_BACKEND_KEYS:
-        warn_flat_key(path[1])
-        return [path[0], FLAT_BACKEND_KEYS[path[1]], *path[1:]]
-    return path
-
-
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for override in overrides:
         path, value = parse_override(override)
-        path = _current_spelling(path)
+        path = current_path(path)
         node: Any = data
         for depth, part in enumerate(path[:-1]):
             if isinstance(node, list):

@@ -272,8 +272,8 @@ def check_gap(served: dict, offline_tau: float, max_gap: float, where: str) -> f
 def _started(settings: EvaluateConfig, log_path: Path) -> dict:
     """How `vllm_server` starts each server of the served check: its log, its time limit."""
     return dict(
-        log_path=log_path, startup_timeout_s=settings.serving_startup_timeout_s,
-        timeout_setting="evaluate.serving_startup_timeout_s",
+        log_path=log_path, startup_timeout_s=settings.startup_timeout_s,
+        timeout_setting="evaluate.startup_timeout_s",
     )  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from eaglet.config_fields import CACHE_NEUTRAL, LOCAL_PATH, BaseUrl
+from eaglet.config_fields import CACHE_NEUTRAL, LOCAL_PATH, BaseUrl, VllmServerSettings
 from eaglet.hidden_states.backends.base import BackendSettings
 
 
@@ -32,10 +32,11 @@ class HFSettings(BackendSettings):
     )
 
 
-class VllmSettings(BackendSettings):
+class VllmSettings(BackendSettings, VllmServerSettings):
     """The vllm backend (hidden_states.backend: vllm): vLLM servers started with the
     extract_hidden_states speculative method and a hidden-states KV connector (see the
-    README), or one eaglet starts itself (vllm_python). Older configs wrote these keys in
+    README), or one eaglet starts itself (vllm_python: with the connector, eaglet's on CPU,
+    vLLM's stock one on GPU; also for online training). Older configs wrote these keys in
     hidden_states itself; they are still read there."""
 
     model_config = ConfigDict(title="vllm backend (a vLLM server)")  # the UI form's heading
@@ -63,25 +64,6 @@ class VllmSettings(BackendSettings):
         gt=0.0,
         le=86_400.0,
         description="Seconds one request may take.",
-        json_schema_extra=CACHE_NEUTRAL,
-    )
-    vllm_python: str | None = Field(
-        None,
-        description="The python of a vLLM venv on this machine. Set, the hidden_states stage "
-        "(and online training) starts its own server for the target with "
-        "extract_hidden_states and the connector, uses it instead of endpoints, and stops it "
-        "when done (CPU: eaglet's connector; GPU: vLLM's stock one).",
-    )
-    vllm_args: list[str] = Field(
-        default_factory=list,
-        description="More flags for the server eaglet starts (e.g. --tensor-parallel-size 8, "
-        "--max-model-len 32768).",
-    )
-    startup_timeout_s: float = Field(
-        900.0,
-        gt=0.0,
-        le=86_400.0,
-        description="Seconds the server eaglet starts may take to be healthy.",
         json_schema_extra=CACHE_NEUTRAL,
     )
 
