@@ -14,11 +14,11 @@ name, never by path, so an edited file changes the key and the same file reached
 (through the link or not, a clone or the wheel) does not.
 
 Left out of every closure: modules whose content never decides what a stage writes
-(`NOT_OUTPUT`): the config and the parts its sections are made of (a stage is keyed by its
-config subset, `stage_config`, instead: a training setting must not re-run generation), the
-pre-flight canary and the preflight (they can stop a run, never change a record), the run
-report, the error classes, why a stage runs (`stage_reasons`) and this module (the keys
-themselves).
+(`NOT_OUTPUT`): the config, the parts its sections are made of and the sections declared
+beside the backends and methods they configure (a stage is keyed by its config subset,
+`stage_config`, instead: a training setting must not re-run generation), the pre-flight
+canary and the preflight (they can stop a run, never change a record), the run report, the
+error classes, why a stage runs (`stage_reasons`) and this module (the keys themselves).
 The generate stage also hashes the closure of the configured engine's module, and only that
 engine's (from the engine registry): a fix to the HTTP client does not re-key what the local
 engine generated. Likewise the hidden_states stage (and train, online) the chosen hidden-state
@@ -59,6 +59,9 @@ NOT_OUTPUT = frozenset(
     {
         "eaglet.config",
         "eaglet.config_fields",  # what config sections are made of (a backend's too)
+        # the settings of the backends and of the block drafters, sections of the config
+        "eaglet.hidden_states.backends.settings",
+        "eaglet.draft.methods.settings",
         "eaglet.cache",
         "eaglet.canary",
         "eaglet.preflight",  # checks before a run (a backend's call it): they never write
@@ -192,7 +195,7 @@ def stage_modules(stage: str, config: PipelineConfig | None = None) -> tuple[str
     and of the entries it plugs in (`Stage.plug_ins`: the configured engine, backend, draft
     method)."""
     spec = STAGE[stage]
-    roots = (task_module(stage),)
+    roots: tuple[str, ...] = (task_module(stage),)
     for kind in spec.code_plug_ins(config):
         module = PLUG_IN_MODULE[kind](config)
         roots += (module,) if module is not None else ()
@@ -246,7 +249,7 @@ def keyed_fields(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(exclude=neutral)
 
 
-def hidden_states_keyed(settings: BaseModel) -> dict[str, Any]:
+def hidden_states_keyed(settings: HiddenStatesConfig) -> dict[str, Any]:
     """`hidden_states`'s keyed fields as they were keyed before each backend had its section
     (issue 35), so that no key moved with them: the keys older configs wrote in hidden_states
     itself (`eaglet.config.FLAT_BACKEND_KEYS`) flat, for every backend, as then; any other keyed

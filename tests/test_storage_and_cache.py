@@ -168,6 +168,22 @@ def test_stage_closures_hold_the_modules_a_hand_kept_list_missed():
     assert "eaglet.engines.http" in cache.stage_modules("generate", vllm)
 
 
+def test_a_settings_module_keys_no_stage_by_its_code_the_module_it_configures_does():
+    """A backend's or a block drafter's settings are config sections, keyed by value
+    (`stage_config`): a new description or bound in them re-runs nothing; the backend's and
+    the method's own code keys the stages that run it."""
+    settings = {"eaglet.hidden_states.backends.settings", "eaglet.draft.methods.settings"}
+    chosen = load_config(
+        None,
+        ["hidden_states.backend=vllm", "hidden_states.vllm.vllm_python=/py", "train.method=dflash"],
+    )
+    for config in (load_config(None, []), chosen):
+        for stage in STAGES:
+            assert settings.isdisjoint(cache.stage_modules(stage, config)), stage
+    assert "eaglet.hidden_states.backends.vllm" in cache.stage_modules("hidden_states", chosen)
+    assert "eaglet.draft.methods.dflash" in cache.stage_modules("train", chosen)
+
+
 # Which stages' manifests each stage reads (eaglet.stages: `reads`, by stage name).
 UPSTREAM_STAGES = {
     "download": [],
