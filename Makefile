@@ -18,7 +18,8 @@ install: $(BIN)/eaglet
 demo: install
 	$(BIN)/eaglet demo --work-dir runs/demo
 
-# mypy checks the config, the registries and the draft methods' seam ([tool.mypy] in
+# mypy checks the config, the registries, the draft methods' seam, the stages' declaration with
+# the cache keys and plan that read it, the preflight and the CLI ([tool.mypy] in
 # pyproject.toml): each method's METHOD against the DraftMethod protocol, and
 # `config.hidden_states.vllm.*` as the settings classes declare it.
 # The docs site (mkdocs.yml) builds with --strict: docs/hooks.py generates its config reference

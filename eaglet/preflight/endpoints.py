@@ -31,7 +31,7 @@ def check_python_with_vllm(setting: str, python: str, report: PreflightReport) -
     try:
         found = subprocess.run([python, "-c", _FINDS_VLLM], capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        report.problems.append(f"{setting}: {python} did not run: {first_line(str(exc))}")
+        report.problems.append(f"{setting}: {python} did not run: {first_line(exc)}")
         return
     if found.returncode != 0:
         report.problems.append(

@@ -63,11 +63,13 @@ def check_holdout(config: PipelineConfig, rows: list[int | None], report: Prefli
             "held-out samples: set it above 0 (0.05 is usual), or run --until train"
         )
         return
-    if rows and all(r is not None for r in rows):
-        expected = sum(rows) * fraction  # type: ignore[arg-type]
+    known = [r for r in rows if r is not None]
+    if known and len(known) == len(rows):
+        total = sum(known)
+        expected = total * fraction
         if expected < 1:  # the split is by id hash: some may still be held out
             report.warnings.append(
-                f"train.holdout_fraction={fraction:g} of at most {sum(rows)} samples holds out "
+                f"train.holdout_fraction={fraction:g} of at most {total} samples holds out "
                 f"{expected:.2f} on average: evaluate may find none after training; raise it "
-                f"to at least {min(1.0, 2 / max(1, sum(rows))):.2g} or add samples"  # type: ignore[arg-type]
+                f"to at least {min(1.0, 2 / max(1, total)):.2g} or add samples"
             )

@@ -173,7 +173,7 @@ def check_init_from(config: PipelineConfig, model_config: Any, report: Preflight
     except StartingDraftError as exc:  # its message names train.init_from and the folder
         report.problems.append(str(exc))
         return
-    found = problems(start, target, ids)
+    found = problems(start, dict(target), ids)
     weights = start.folder / "model.safetensors"
     damaged = check_safetensors(weights) or non_finite_tensor(weights)
     if damaged:

@@ -59,14 +59,15 @@ def check_disk_budget(
     hidden = getattr(model_config, "hidden_size", None)
     if not rows or not isinstance(hidden, int):
         return
-    if any(r is None for r in rows):
+    known = [r for r in rows if r is not None]
+    if len(known) < len(rows):
         report.warnings.append(
             "disk budget: the number of samples is not known before download (a hub dataset "
             "without limit); checked by the hidden_states stage"
         )
         return
     per_sample = config.tokenize.max_prompt_tokens + config.generation.max_tokens
-    tokens = sum(rows) * per_sample
+    tokens = sum(known) * per_sample
     storage = config.hidden_states.storage
     try:
         budget = disk_budget(Path(config.work_dir), tokens, hidden, storage)
@@ -74,7 +75,7 @@ def check_disk_budget(
         report.warnings.append(f"disk budget: not checked ({first_line(exc)})")
         return
     line = (
-        f"disk budget: hidden_states needs at most {human(budget.needed)} ({sum(rows)} "
+        f"disk budget: hidden_states needs at most {human(budget.needed)} ({sum(known)} "
         f"samples x {per_sample} tokens, storage {storage}); {human(budget.free)} free under "
         f"{budget.path}"
     )

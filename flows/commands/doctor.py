@@ -48,9 +48,10 @@ def _doctor_canary(config: PipelineConfig, tokenizer: Any) -> list[str]:
     from eaglet.canary import run_canary
     from eaglet.datasets import read_samples
     from eaglet.prompt_rendering import render_prompt
+    from eaglet.records.prompts import Prompt
 
     problems: list[str] = []
-    prompts = []
+    prompts: list[Prompt] = []
     wanted = config.generation.canary_requests
     for i, spec in enumerate(config.datasets):
         if len(prompts) >= wanted:

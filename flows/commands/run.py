@@ -9,6 +9,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from eaglet import work_dir_lock
@@ -96,16 +97,19 @@ def _run_pipeline(
     if server is not None and PREFECT_API_URL.value():  # a server set elsewhere (prefect.toml)
         server.stop()
         server = None
-    parameters = dict(
-        config=config, until=until, refresh_from=refresh_from or "", retry_failed=retry_failed
-    )
+
+    def run() -> dict:  # the flow returns a State; called, it gives the State's data
+        return pipeline(  # type: ignore[return-value]
+            config=config, until=until, refresh_from=refresh_from or "", retry_failed=retry_failed
+        )
+
     if server is None:
-        return pipeline(**parameters)
+        return run()
     server.wait()
     os.environ["PREFECT_API_URL"] = server.api_url  # for the processes the run starts
     try:
         with temporary_settings({PREFECT_API_URL: server.api_url}):
-            return pipeline(**parameters)
+            return run()
     finally:
         del os.environ["PREFECT_API_URL"]  # the server stops at exit, after Prefect's hooks
 
@@ -119,7 +123,9 @@ def _print_run(result: dict, seconds: float) -> None:
     print(f"pipeline finished in {seconds:.1f} s")
 
 
-def demo_config(work_dir: Path = Path("runs/demo"), overrides: list[str] = ()) -> PipelineConfig:
+def demo_config(
+    work_dir: Path = Path("runs/demo"), overrides: Sequence[str] = ()
+) -> PipelineConfig:
     """The demo is the defaults: `PipelineConfig()` (the UI form's defaults too), with its
     folders moved under `work_dir` when that is not the default `runs/demo`. One config, so a
     Quick run after `eaglet demo` finds every stage Cached."""
@@ -146,7 +152,7 @@ def demo_config(work_dir: Path = Path("runs/demo"), overrides: list[str] = ()) -
     )
 
 
-def _demo_vllm(overrides: list[str]) -> list[str]:
+def _demo_vllm(overrides: Sequence[str]) -> list[str]:
     """`eaglet demo --set evaluate.serving=vllm` in a checkout where `make test` (or `make
     vllm-venv`) made the vLLM venv: the served check starts its servers with that venv's
     python, unless the overrides name a python or an endpoint."""
