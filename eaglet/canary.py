@@ -172,7 +172,8 @@ def _failure_hint(engine: str, failure: Failure) -> str:
         if "model" in message:
             return "the server does not serve this model name: set generation.served_model"
         spec = ENGINES.get(engine)
-        path = (spec.engine_class().request_path if spec and spec.needs_server else "") or "such"
+        served = spec.engine_class() if spec and spec.needs_server else None
+        path = getattr(served, "request_path", "") or "such"
         return (
             f"the server has no {path} path: check generation.endpoints and "
             f"that generation.engine={engine} speaks this server's protocol"
@@ -538,7 +539,10 @@ async def _collect(
     budget = engine.config.generation.canary_timeout_s
     try:
         async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
-            async with aclosing(engine.generate_async(prompts)) as items:
+            # an async generator, annotated as an iterator in eaglet/engines/http.py (an edit
+            # there, if only a type, would re-key what HTTP engines generated)
+            items_of = engine.generate_async(prompts)
+            async with aclosing(items_of) as items:  # type: ignore[type-var]
                 async for item in items:
                     if isinstance(item, Failure):
                         failures.append(item)
@@ -584,7 +588,9 @@ async def run_canary_async(
         return report
     try:
         if engine is None:
-            engine = make_engine(_canary_config(config, n), tokenizer, api_key=api_key)
+            made = make_engine(_canary_config(config, n), tokenizer, api_key=api_key)
+            assert isinstance(made, HTTPEngine), "an engine that needs a server speaks HTTP"
+            engine = made
         else:  # the caller's engine, with the canary's limits
             engine = dataclasses.replace(engine, config=_canary_config(engine.config, n))
     except (ValueError, OSError) as exc:
