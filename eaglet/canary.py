@@ -632,3 +632,26 @@ def run_canary(
     the answers (see the module docstring). Never raises for a broken server: the report
     lists the failures (`report.raise_if_failed()` turns them into a `CanaryError`)."""
     return run_sync(run_canary_async(config, tokenizer, list(prompts), engine, api_key))
+
+
+def dataset_prompts(config: PipelineConfig, tokenizer: Any) -> tuple[list[Prompt], list[str]]:
+    """The first `generation.canary_requests` samples of the datasets rendered as prompts,
+    for a canary before any run has tokenized them (`eaglet doctor`); and the problems met,
+    one line each naming the dataset."""
+    from eaglet.datasets import read_samples
+    from eaglet.prompt_rendering import render_prompt
+
+    problems: list[str] = []
+    prompts: list[Prompt] = []
+    wanted = config.generation.canary_requests
+    for i, spec in enumerate(config.datasets):
+        if len(prompts) >= wanted:
+            break
+        try:
+            for sample in read_samples(spec.model_copy(update={"limit": wanted})):
+                prompts.append(
+                    render_prompt(sample, tokenizer, config.tokenize.chat_template_kwargs)
+                )
+        except Exception as exc:  # DatasetError, PromptError, a template that raises
+            problems.append(f"datasets[{i}] (source {spec.source!r}): {exc}")
+    return prompts[:wanted], problems

@@ -43,26 +43,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _doctor_canary(config: PipelineConfig, tokenizer: Any) -> list[str]:
-    """Render the first `generation.canary_requests` samples and run the canary on them;
-    the problems found (the canary's own report is printed)."""
-    from eaglet.canary import run_canary
-    from eaglet.datasets import read_samples
-    from eaglet.prompt_rendering import render_prompt
-    from eaglet.records.prompts import Prompt
+    """Run the canary on the datasets' first `generation.canary_requests` samples; the
+    problems found (the canary's own report is printed)."""
+    from eaglet.canary import dataset_prompts, run_canary
 
-    problems: list[str] = []
-    prompts: list[Prompt] = []
-    wanted = config.generation.canary_requests
-    for i, spec in enumerate(config.datasets):
-        if len(prompts) >= wanted:
-            break
-        try:
-            for sample in read_samples(spec.model_copy(update={"limit": wanted})):
-                prompts.append(
-                    render_prompt(sample, tokenizer, config.tokenize.chat_template_kwargs)
-                )
-        except Exception as exc:  # DatasetError, PromptError, a template that raises
-            problems.append(f"datasets[{i}] (source {spec.source!r}): {exc}")
+    prompts, problems = dataset_prompts(config, tokenizer)
     api_key = None
     if config.generation.api_key_secret:
         from eaglet.stage_context import generation_api_key
@@ -72,7 +57,7 @@ def _doctor_canary(config: PipelineConfig, tokenizer: Any) -> list[str]:
             api_key = generation_api_key(config.generation.api_key_secret, PrefectContext())
         except ValueError as exc:
             return [*problems, str(exc)]
-    report = run_canary(config, tokenizer, prompts[:wanted], api_key=api_key)
+    report = run_canary(config, tokenizer, prompts, api_key=api_key)
     print(report.render())
     if not report.ok:
         problems.append("the canary failed (see above)")
