@@ -10,7 +10,7 @@ configuration, which imports it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, get_args
+from typing import Annotated, Any, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
@@ -111,8 +111,8 @@ def _blank_means_none(schema: dict[str, Any]) -> None:
 def _form_schema(schema: dict[str, Any], model: type) -> None:
     _blank_means_none(schema)
     _say_bounds(schema)
-    for name in getattr(model, "shown_last", ()):  # after the section's own fields
-        if name in schema.get("properties", {}):
+    if isinstance(model, type) and issubclass(model, VllmServerSettings):
+        for name in VllmServerSettings.model_fields:  # after the section's own fields
             schema["properties"][name] = schema["properties"].pop(name)
 
 
@@ -156,9 +156,8 @@ class Strict(BaseModel):
 class VllmServerSettings(Strict):
     """A vLLM server eaglet starts itself, the same keys in every section that can start one
     (`hidden_states.vllm`, `evaluate`): the python of vLLM's venv, more flags, and how long it
-    may take to be healthy. The section adds what it serves and with what."""
-
-    shown_last: ClassVar[tuple[str, ...]] = ("vllm_python", "vllm_args", "startup_timeout_s")
+    may take to be healthy. The section adds what it serves and with what; the form shows these
+    keys after the section's own."""
 
     vllm_python: str | None = Field(
         None,

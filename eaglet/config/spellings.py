@@ -27,7 +27,7 @@ OLDER_SPELLINGS: dict[str, str] = {
             "vllm_args",
             "startup_timeout_s",
         )
-    },  # fmt: skip
+    },
     # one settings model for every vLLM server eaglet starts (`VllmServerSettings`)
     "evaluate.serving_startup_timeout_s": "evaluate.startup_timeout_s",
 }
