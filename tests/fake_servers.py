@@ -706,15 +706,17 @@ def capture_states(ids: list[int]):
 class CaptureServer:
     """A stand-in for a vLLM server with the hidden-states connector (an ASGI app for
     `serve`): answers each completion by writing the connector file; `failures` answers that many
-    requests with `status` first; `delay_s` per request."""
+    requests with `status` first; `delay_s` per request; `truncated`: every answer is a 200
+    whose file stops halfway (as a server killed while writing it leaves it)."""
 
-    def __init__(self, connector, failures: int = 0, status: int = 503, delay_s=0.0):
+    def __init__(self, connector, failures=0, status=503, delay_s=0.0, truncated=False):
         self.connector, self.failures, self.status, self.delay_s = (
             connector,
             failures,
             status,
             delay_s,
         )
+        self.truncated = truncated
         self.served: list[str] = []
         self.lock = threading.Lock()
 
@@ -741,8 +743,8 @@ class CaptureServer:
         import torch
         from safetensors.torch import save_file
 
-        save_file(
-            {"hidden_states": capture_states(ids), "token_ids": torch.tensor(ids)},
-            str(self.connector / name),
-        )
+        path = self.connector / name
+        save_file({"hidden_states": capture_states(ids), "token_ids": torch.tensor(ids)}, str(path))
+        if self.truncated:
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
         await _send_json(send, 200, {"kv_transfer_params": {"hidden_states_path": name}})

@@ -2,7 +2,8 @@
 `CapturePool`), against small ASGI servers that answer as vLLM's hidden-states connector does
 (a safetensors file per request in the connector folder, named in `kv_transfer_params`): the
 requests are shared by load, a dead, failing (5xx) or hung server's requests are sent again
-to the others with every sample answered once with its own states, and when no server
+to the others with every sample answered once with its own states (also a server that
+answered and died writing the file), and when no server
 answers the run fails in bounded time with each server's error, as a fault that may pass."""
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def test_requests_are_shared_by_load(fixture_model_dir, tmp_path):
     assert not list(tmp_path.glob("*.safetensors"))  # every file read and removed
 
 
-@pytest.mark.parametrize("fault", ["dead", "5xx", "hung"])
+@pytest.mark.parametrize("fault", ["dead", "5xx", "hung", "killed mid-write"])
 def test_a_failing_servers_requests_go_to_the_other_once_each(fixture_model_dir, tmp_path, fault):
     good = CaptureServer(tmp_path)
     with serve(good) as url:
@@ -63,8 +64,9 @@ def test_a_failing_servers_requests_go_to_the_other_once_each(fixture_model_dir,
             run = lambda: backend(fixture_model_dir, [bad_url, url], tmp_path)  # noqa: E731
             context = None
         elif fault == "5xx":
-            bad = CaptureServer(tmp_path, failures=10**6, status=502)
-            context = serve(bad)
+            context = serve(CaptureServer(tmp_path, failures=10**6, status=502))
+        elif fault == "killed mid-write":  # a 200, then a truncated file (CI's two-node run)
+            context = serve(CaptureServer(tmp_path, truncated=True))
         else:
             context = silent_server()
         if context is None:

@@ -260,6 +260,13 @@ def connector_folder_problem(folder: str) -> str | None:
     return None
 
 
+class UnfinishedFile(RuntimeError):
+    """A 200 whose connector file cannot be read: the server writes it after answering and
+    releases its lock when done or dead, so a server killed mid-write leaves a truncated or
+    missing file; a retry elsewhere, like a failed request (a connector folder this machine
+    does not see fails every try, and `CaptureFailed` then names this error)."""
+
+
 class VllmBackend:
     """Target features of examples from vLLM servers with the hidden-states connector."""
 
@@ -304,7 +311,8 @@ class VllmBackend:
     def one(self, example: Sample) -> dict[str, torch.Tensor]:
         """Features of one example: aux [T, kH], final [T, H] (post-norm), from the capture
         server the pool picks; a server that fails in a way that may pass (no answer, 408,
-        429, 5xx) is left for a while and the request sent again (`CapturePool`)."""
+        429, 5xx, a file it never finished) is left for a while and the request sent again
+        (`CapturePool`)."""
         import httpx
 
         server = None
@@ -320,7 +328,11 @@ class VllmBackend:
             if is_transient_status(response.status_code):
                 self.pool.failed(server, f"answered {response.status_code}")
                 continue
-            features = self._read(example, url, response)
+            try:
+                features = self._read(example, url, response)
+            except UnfinishedFile as exc:  # that server's fault: its answer is sent again
+                self.pool.failed(server, str(exc)[:400])
+                continue
             self.pool.answered(server, len(example.input_ids))
             return features
         raise self.pool.gave_up(example.sample_id)
@@ -359,10 +371,10 @@ class VllmBackend:
         try:
             data = read_connector_file(path)
         except (OSError, SafetensorError) as exc:
-            raise RuntimeError(
-                f"sample {example.sample_id}: the hidden-states file {url} named ({path}) could "
-                f"not be read: {exc}. Is hidden_states.vllm.connector_path the connector's "
-                "shared_storage_path as seen from this machine?"
+            raise UnfinishedFile(
+                f"the hidden-states file it named ({path}) could not be read: {exc}. Is "
+                "hidden_states.vllm.connector_path the connector's shared_storage_path as seen "
+                "from this machine?"
             ) from None
         problem = connector_file_problem(data, example.input_ids)
         if problem is not None:  # never delete a file not proven to be this request's
