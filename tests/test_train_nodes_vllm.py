@@ -232,10 +232,12 @@ def test_two_nodes_killed_and_resumed_train_every_sample_once(fixture_model_dir,
         with work_dir_lock.held(work, log=lambda _: None):
             try:
                 resumed = launch(job, progress=kill_server_at_8, log_line=print)
-            except RuntimeError:  # the joining machine's side too, and the servers'
-                for log in ["joining-2.log", "server0.log", "server1.log"]:
-                    print(f"--- {log}:\n" + (root / log).read_text()[-4000:])
-                raise
+            except RuntimeError as error:  # the joining machine's side too, and the servers':
+                # raised last, so the end of a CI log, which keeps only its head and tail, has it
+                logs = ["joining-2.log", "server0.log", "server1.log"]
+                raise AssertionError("\n".join(
+                    f"--- {log}:\n" + (root / log).read_text()[-3000:] for log in logs
+                )) from error  # fmt: skip
         assert other.wait(timeout=120) == 0, (root / "joining-2.log").read_text()[-3000:]
     finally:
         if other.poll() is None:
