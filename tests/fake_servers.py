@@ -707,7 +707,7 @@ class CaptureServer:
     """A stand-in for a vLLM server with the hidden-states connector (an ASGI app for
     `serve`): answers each completion by writing the connector file; `failures` answers that many
     requests with `status` first; `delay_s` per request; `truncated`: every answer is a 200
-    whose file stops halfway (as a server killed while writing it leaves it)."""
+    whose file stops halfway, and `/health` fails (a server killed while writing it)."""
 
     def __init__(self, connector, failures=0, status=503, delay_s=0.0, truncated=False):
         self.connector, self.failures, self.status, self.delay_s = (
@@ -722,6 +722,9 @@ class CaptureServer:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
+            return
+        if scope["path"] == "/health":
+            await _send_json(send, 503 if self.truncated else 200, {})
             return
         body = b""
         while True:

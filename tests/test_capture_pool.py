@@ -3,8 +3,9 @@
 (a safetensors file per request in the connector folder, named in `kv_transfer_params`): the
 requests are shared by load, a dead, failing (5xx) or hung server's requests are sent again
 to the others with every sample answered once with its own states (also a server that
-answered and died writing the file), and when no server
-answers the run fails in bounded time with each server's error, as a fault that may pass."""
+answered and died writing the file), and when no server answers the run fails in bounded time
+with each server's error, as a fault that may pass; a live server's file that this machine
+cannot see fails at once."""
 
 from __future__ import annotations
 
@@ -101,4 +102,15 @@ def test_a_4xx_is_the_server_saying_no_and_is_not_sent_again(fixture_model_dir, 
         source = backend(fixture_model_dir, [url], tmp_path)
         with pytest.raises(RuntimeError, match="answered 400"):
             source.features(samples(1))
+    assert source.server_stats()[url]["retries"] == 0
+
+
+def test_a_live_servers_file_this_machine_cannot_see_fails_at_once(fixture_model_dir, tmp_path):
+    elsewhere = tmp_path / "the-servers-folder"
+    elsewhere.mkdir()
+    with serve(CaptureServer(elsewhere)) as url:  # writes where the backend does not look
+        source = backend(fixture_model_dir, [url], tmp_path / "connector")
+        with pytest.raises(RuntimeError, match="could not be read.*connector_path") as failed:
+            source.features(samples(1))
+    assert not is_transient(failed.value)  # the same on every try: no retry, no rerun
     assert source.server_stats()[url]["retries"] == 0

@@ -6,7 +6,7 @@ how fast each one answered.
   (each training rank or stage process balances its own requests; equal servers get equal
   shares, a slow one fewer).
 - Failure: a request that got no answer (connection refused or reset, a timeout), a 408,
-  429 or 5xx, or a 200 whose file the server never finished (killed while writing it) marks
+  429 or 5xx, or a 200 whose file the server died before finishing (no `/health` after it) marks
   its server down for a while (1 s, doubling per failure in a row up to
   `MAX_DOWN_S`) and is sent again, to another server while one is up; a server down for all
   is tried again when its time is out. Each sample is tried at most `tries` times (4 + 2 per

@@ -260,11 +260,11 @@ def connector_folder_problem(folder: str) -> str | None:
     return None
 
 
-class UnfinishedFile(RuntimeError):
-    """A 200 whose connector file cannot be read: the server writes it after answering and
-    releases its lock when done or dead, so a server killed mid-write leaves a truncated or
-    missing file; a retry elsewhere, like a failed request (a connector folder this machine
-    does not see fails every try, and `CaptureFailed` then names this error)."""
+class UnreadableFile(RuntimeError):
+    """A 200 whose connector file cannot be read here. The server writes the file after
+    answering and releases its lock when done or dead, so a server killed mid-write leaves a
+    truncated or missing file: sent again elsewhere, like a failed request. A server that
+    still answers `/health` wrote it where this machine does not look: raised at once."""
 
 
 class VllmBackend:
@@ -311,8 +311,8 @@ class VllmBackend:
     def one(self, example: Sample) -> dict[str, torch.Tensor]:
         """Features of one example: aux [T, kH], final [T, H] (post-norm), from the capture
         server the pool picks; a server that fails in a way that may pass (no answer, 408,
-        429, 5xx, a file it never finished) is left for a while and the request sent again
-        (`CapturePool`)."""
+        429, 5xx, a file it died before finishing) is left for a while and the request sent
+        again (`CapturePool`)."""
         import httpx
 
         server = None
@@ -330,12 +330,23 @@ class VllmBackend:
                 continue
             try:
                 features = self._read(example, url, response)
-            except UnfinishedFile as exc:  # that server's fault: its answer is sent again
-                self.pool.failed(server, str(exc)[:400])
+            except UnreadableFile as exc:
+                if self._alive(server.url):  # the same on every try: a folder not shared
+                    raise
+                self.pool.failed(server, str(exc)[:400])  # died writing it: sent again
                 continue
             self.pool.answered(server, len(example.input_ids))
             return features
         raise self.pool.gave_up(example.sample_id)
+
+    def _alive(self, url: str) -> bool:
+        """Whether the server at `url` answers `/health` (within 5 s)."""
+        import httpx
+
+        try:
+            return self.client.get(f"{url}/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def _body(self, example: Sample) -> dict[str, Any]:
         return {
@@ -371,10 +382,10 @@ class VllmBackend:
         try:
             data = read_connector_file(path)
         except (OSError, SafetensorError) as exc:
-            raise UnfinishedFile(
-                f"the hidden-states file it named ({path}) could not be read: {exc}. Is "
-                "hidden_states.vllm.connector_path the connector's shared_storage_path as seen "
-                "from this machine?"
+            raise UnreadableFile(
+                f"sample {example.sample_id}: the hidden-states file {url} named ({path}) could "
+                f"not be read: {exc}. Is hidden_states.vllm.connector_path the connector's "
+                "shared_storage_path as seen from this machine?"
             ) from None
         problem = connector_file_problem(data, example.input_ids)
         if problem is not None:  # never delete a file not proven to be this request's
