@@ -81,10 +81,11 @@ def run_name() -> str:
 
 def preflight(config: PipelineConfig, until: str = STAGES[-1]) -> None:
     """The preflight's report in the flow's log: the one `eaglet run` passed before the flow
-    run existed, or a run of the checks now (the UI's runs)."""
+    run existed, or a run of the checks now (the UI's runs, and the demo's before its inputs
+    were built)."""
     lines = take_passed_ahead(config)
     if lines is None:
-        if demo_inputs_missing(config):  # a UI run of the demo's config builds them first
+        if demo_inputs_missing(config):  # a run of the demo's config builds them first
             demo_setup(config)
         run_preflight(config, until=until)
         return

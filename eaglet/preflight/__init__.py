@@ -140,8 +140,8 @@ def run_preflight(
     config: PipelineConfig, log: Callable[[str], None] = say, until: str = STAGES[-1]
 ) -> PreflightReport:
     """The flow's one call before its first stage: `preflight(config)`, its report logged, a
-    `PreflightError` raised on any problem. It only checks: whoever runs the demo's config
-    builds its model and data first (`eaglet.fixture.demo.ensure_demo_inputs`)."""
+    `PreflightError` raised on any problem. It only checks: the flow builds the demo's model
+    and data first, in its demo-setup task (`eaglet.fixture.demo.ensure_demo_inputs`)."""
     report = preflight(config, until)
     log(report.render())
     report.raise_if_failed()
@@ -155,7 +155,13 @@ _PASSED_AHEAD: dict[str, list[str]] = {}
 def run_preflight_ahead(config: PipelineConfig, until: str = STAGES[-1]) -> None:
     """`eaglet run`'s preflight, before Prefect loads and while its temporary server starts:
     a problem raises `PreflightError` in seconds, its report printed first; a pass is kept
-    for the flow to log (`take_passed_ahead`) instead of checking again."""
+    for the flow to log (`take_passed_ahead`) instead of checking again. A config whose demo
+    inputs are not built yet is checked by the flow, after its demo-setup task built them, as
+    a run from the UI is."""
+    from eaglet.fixture.demo import demo_inputs_missing
+
+    if demo_inputs_missing(config):
+        return
     lines: list[str] = []
     try:
         run_preflight(config, log=lines.append, until=until)

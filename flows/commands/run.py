@@ -14,7 +14,6 @@ from pathlib import Path
 
 from eaglet import work_dir_lock
 from eaglet.config import PipelineConfig, load_config
-from eaglet.fixture.demo import ensure_demo_inputs
 from eaglet.preflight import PreflightError, run_preflight_ahead
 from eaglet.stages import DRAFT_FOLDER, PRODUCER, REPORT_FILE, STAGES
 from eaglet_prefect.flows.prefect_server import (
@@ -68,9 +67,6 @@ def _run_pipeline(
 
     # Offline clusters are common: Prefect's usage telemetry would only log resolver errors.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # A config pointing at the demo's model and data (`eaglet demo`'s): they are built first,
-    # before the temporary server starts; the preflight below only checks.
-    ensure_demo_inputs(config)
     server = None
     api_url = os.environ.get("PREFECT_API_URL") or profile_api_url()
     if api_url:  # a server that wants credentials this client lacks: said now, nothing ran
@@ -169,7 +165,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     started = time.time()
     config = demo_config(Path(args.work_dir), args.set)
     with work_dir_lock.held(config.work_dir):  # a second run fails here, before any start-up
-        result = _run_pipeline(config, STAGES[-1], args.refresh_from)  # builds the inputs
+        result = _run_pipeline(config, STAGES[-1], args.refresh_from)
     _print_run(result, time.time() - started)
     stages = result["stages"]
     print(f"draft model:  {Path(stages[PRODUCER['draft']]['path']) / DRAFT_FOLDER}")
