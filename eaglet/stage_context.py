@@ -106,12 +106,13 @@ class PlainContext:
         return entry
 
 
-def generation_api_key(secret: str | None, ctx: StageContext) -> str | None:
+def generation_api_key(secret: str | None, read: Callable[[str], str]) -> str | None:
     """The API key held by the secret named in `generation.api_key_secret` (`secret`), if one
-    is named (the engines read `generation.api_key_env` themselves)."""
+    is named, read by `read` (a context's `secret`; the engines read `generation.api_key_env`
+    themselves)."""
     if not secret:
         return None
     try:
-        return ctx.secret(secret)
+        return read(secret)
     except ValueError as exc:
         raise ValueError(f"generation.api_key_secret={secret!r}: {exc}") from exc

@@ -15,9 +15,9 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
-from prefect.exceptions import ObjectNotFound
 
 from eaglet.stage_context import readable
+from eaglet_prefect.blocks import prefect_secret
 from eaglet_prefect.tasks.artifacts import publish_plot
 
 
@@ -60,18 +60,3 @@ class PrefectContext:
 
     def secret(self, name: str) -> str:
         return prefect_secret(name)
-
-
-def prefect_secret(name: str) -> str:
-    """The value of the Prefect Secret block `name` (ValueError naming it when there is none):
-    a stage's secrets, and `eaglet doctor`'s."""
-    from prefect.blocks.system import Secret
-
-    try:
-        return str(Secret.load(name).get())
-    except (ValueError, ObjectNotFound) as exc:
-        raise ValueError(
-            f"no Prefect Secret block named {name!r} on this Prefect server; create it "
-            f"(UI: Blocks > Secret, or `Secret(value=...).save({name!r})`) or use "
-            "generation.api_key_env"
-        ) from exc

@@ -15,7 +15,14 @@ from eaglet.fingerprints import TARGET_PARTS
 from eaglet.progress import Throttle
 from eaglet.records.io import repair_and_read_ids
 from eaglet.stages import STAGES
-from eaglet.storage import StageOutput, atomic_folder, read_manifest, replace_folder, run_stage
+from eaglet.storage import (
+    StageOutput,
+    atomic_folder,
+    read_manifest,
+    replace_folder,
+    run_stage,
+    sha256_file,
+)
 
 
 def run_simple(tmp_path, body, key="k1", **kwargs):
@@ -182,6 +189,29 @@ def test_a_settings_module_keys_no_stage_by_its_code_the_module_it_configures_do
             assert settings.isdisjoint(cache.stage_modules(stage, config)), stage
     assert "eaglet.hidden_states.backends.vllm" in cache.stage_modules("hidden_states", chosen)
     assert "eaglet.draft.methods.dflash" in cache.stage_modules("train", chosen)
+
+
+def test_a_source_keyed_as_an_earlier_one_keeps_every_key_that_one_made(monkeypatch):
+    """A refactor's new source, declared keyed as the old (`KEYED_AS`), hashes as the old: the
+    stages whose code holds it keep their keys; without the entry they move."""
+    config = load_config(None, [])
+    module = "eaglet.stage_bodies.generate"
+    now = sha256_file(cache.module_file(module))  # its source's own
+    monkeypatch.setattr(cache, "KEYED_AS", {module: {now: "the old source's sha256"}})
+    assert cache.code_modules("generate", config)[module] == "the old source's sha256"
+    declared = cache.code_hash("generate", config)
+    monkeypatch.setattr(cache, "KEYED_AS", {})
+    assert cache.code_modules("generate", config)[module] == now
+    assert cache.code_hash("generate", config) != declared
+
+
+def test_every_source_keyed_as_an_earlier_one_is_the_source_its_module_has():
+    """An entry of `KEYED_AS` holds for one exact source: once its module is edited again it
+    keys nothing and only misleads a reader, so it goes (the edit re-keys, as any edit)."""
+    for module, sources in cache.KEYED_AS.items():
+        path = cache.module_file(module)
+        assert path is not None, f"KEYED_AS names {module}, which is no module of the project"
+        assert set(sources) == {sha256_file(path)}, f"{module} was edited: remove its entry"
 
 
 # Which stages' manifests each stage reads (eaglet.stages: `reads`, by stage name).

@@ -45,7 +45,7 @@ def run(
     prompts_path = stage_dir(config.work_dir, inputs["prompts"]) / PROMPTS_FILE
     all_prompts = list(read_jsonl(prompts_path, Prompt))
     tokenizer = load_tokenizer(config.target)
-    key = generation_api_key(config.generation.api_key_secret, ctx)
+    key = generation_api_key(config.generation.api_key_secret, ctx.secret)
     if engine_spec(config.generation.engine).needs_server:
         canary = run_canary(config, tokenizer, all_prompts, api_key=key)
         ctx.info(f"canary:\n{canary.render()}")

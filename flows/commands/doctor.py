@@ -51,10 +51,10 @@ def _doctor_canary(config: PipelineConfig, tokenizer: Any) -> list[str]:
     api_key = None
     if config.generation.api_key_secret:
         from eaglet.stage_context import generation_api_key
-        from eaglet_prefect.tasks.context import PrefectContext  # Prefect blocks: not the core's
+        from eaglet_prefect.blocks import prefect_secret  # Prefect blocks: not the core's
 
         try:
-            api_key = generation_api_key(config.generation.api_key_secret, PrefectContext())
+            api_key = generation_api_key(config.generation.api_key_secret, prefect_secret)
         except ValueError as exc:
             return [*problems, str(exc)]
     report = run_canary(config, tokenizer, prompts, api_key=api_key)
