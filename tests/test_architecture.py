@@ -20,6 +20,9 @@ PACKAGES = {
     "eaglet_prefect.tasks": "tasks",
     "eaglet_prefect.flows": "flows",
     "eaglet_prefect.deployments": "deployments",
+    # the Prefect blocks the tasks and the CLI read (a module, not a package): to the core, and
+    # to these tests, it is Prefect
+    "eaglet_prefect.blocks": "prefect",
 }
 
 
@@ -121,6 +124,30 @@ def test_cli_imports_prefect_tasks_and_the_flow_only_inside_functions():
     assert "eaglet_prefect.flows.pipeline" not in top_level
     server = imports_of("eaglet_prefect.flows.prefect_server", top_level_only=True)
     assert not roots(server) & {"prefect"}
+
+
+# What a command of the CLI may not import, even inside a function: the CLI is a layer over
+# core functions and the flow, which wires the tasks.
+NOT_FOR_THE_CLI = ("eaglet_prefect.tasks", "eaglet.stage_bodies", "eaglet.fixture")
+# `eaglet fixture-model` builds the fixture models: that package is its subject.
+CLI_EXCEPTIONS = {("eaglet_prefect.flows.commands.fixture_model", "eaglet.fixture")}
+
+
+def test_the_cli_imports_no_task_stage_body_or_fixture_module():
+    """`eaglet doctor` reads a secret through `eaglet_prefect.blocks`, `eaglet run` and `demo`
+    leave the demo's inputs to the flow's demo-setup task: no command reaches into a task, a
+    stage's body or the fixtures (but the command that builds fixtures)."""
+    cli = [n for n in MODULES if n == "eaglet_prefect.flows.cli" or ".flows.commands" in n]
+    assert "eaglet_prefect.flows.commands.run" in cli
+    found = sorted(
+        f"{name} imports {module}"
+        for name in cli
+        for module in imports_of(name)
+        for banned in NOT_FOR_THE_CLI
+        if (module == banned or module.startswith(banned + "."))
+        and (name, banned) not in CLI_EXCEPTIONS
+    )
+    assert found == []
 
 
 def test_tasks_never_import_flows():
