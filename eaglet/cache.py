@@ -170,26 +170,13 @@ def import_closure(
     return tuple(sorted(seen))
 
 
-def _engine_module(config: PipelineConfig | None) -> str | None:
-    """The configured engine's module; none without a config (`pipeline_code_version`)."""
-    return engine_spec(config.generation.engine).module if config is not None else None
-
-
-def _backend_module(config: PipelineConfig | None) -> str:
-    """The chosen hidden-state backend's module: what computes the features."""
-    return BACKENDS[config.hidden_states.backend if config is not None else "hf"]
-
-
-def _method_module(config: PipelineConfig | None) -> str:
-    """The chosen draft method's module (its layers, network, files)."""
-    return METHODS[config.train.method if config is not None else DEFAULT_METHOD]
-
-
-# A registry a stage plugs into (`Stage.plug_ins`) -> the module of the entry a config chooses.
+# A registry a stage plugs into (`Stage.plug_ins`) -> the module of the entry a config chooses:
+# the configured engine's (none without a config: `pipeline_code_version`), the hidden-state
+# backend's (what computes the features), the draft method's (its layers, network, files).
 PLUG_IN_MODULE: dict[PlugIn, Callable[[PipelineConfig | None], str | None]] = {
-    "engine": _engine_module,
-    "backend": _backend_module,
-    "method": _method_module,
+    "engine": lambda c: engine_spec(c.generation.engine).module if c is not None else None,
+    "backend": lambda c: BACKENDS[c.hidden_states.backend if c is not None else "hf"],
+    "method": lambda c: METHODS[c.train.method if c is not None else DEFAULT_METHOD],
 }
 
 

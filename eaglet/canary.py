@@ -98,17 +98,11 @@ class CanaryReport:
         return "\n".join(lines)
 
     def raise_if_failed(self) -> None:
-        if self.failures:
-            server_down = self.unreachable == len(self.failures)  # no raw response to show
-            raise CanaryError(
-                "preflight canary failed:\n  "
-                + "\n  ".join(self.failures)
-                + (
-                    ""
-                    if server_down
-                    else "\n(`eaglet doctor CONFIG` shows one raw server response)"
-                )
-            )
+        if not self.failures:
+            return
+        server_down = self.unreachable == len(self.failures)  # no raw response to show
+        hint = "" if server_down else "\n(`eaglet doctor CONFIG` shows one raw server response)"
+        raise CanaryError("preflight canary failed:\n  " + "\n  ".join(self.failures) + hint)
 
 
 def _shorten(value: Any, max_ids: int) -> Any:

@@ -62,29 +62,19 @@ def is_transient_status(status: int | None) -> bool:
     return status is None or status in (408, 429) or status >= 500
 
 
-def _status_of(exc: BaseException) -> int | None:
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    return status if isinstance(status, int) else None
-
-
-def _chain(exc: BaseException):
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
 def is_transient(exc: BaseException) -> bool:
     """Whether retrying the work that raised `exc` may succeed (see the module docstring)."""
-    for link in _chain(exc):
+    link: BaseException | None = exc
+    seen: set[int] = set()
+    while link is not None and id(link) not in seen:  # the exception and its causes
+        seen.add(id(link))
         verdict = getattr(link, "transient", None)
         if isinstance(verdict, bool):
             return verdict
         if any(cls.__name__ in TRANSIENT_NAMES for cls in type(link).__mro__):
             return True
-        status = _status_of(link)
-        if status is not None:
+        status = getattr(getattr(link, "response", None), "status_code", None)
+        if isinstance(status, int):
             return is_transient_status(status)
+        link = link.__cause__ or link.__context__
     return False

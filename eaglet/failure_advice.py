@@ -84,11 +84,9 @@ class RunOrigin:
         )
 
 
-def field_for(key: str, origin: RunOrigin | StartedFrom) -> str:
+def field_for(key: str, origin: RunOrigin) -> str:
     """Where a config key is set for a run of `origin`: the short form's field, the full
     form's field, the YAML file and key, or `--set`."""
-    if isinstance(origin, str):
-        origin = RunOrigin(origin)
     plain = re.sub(r"\[\d+\]", "", key)
     section = plain.split(".")[0]
     in_file = f"`{key}` in `{origin.config_file}`" if origin.config_file else None
@@ -122,11 +120,9 @@ def fails_again(started_from: StartedFrom) -> str:
 
 
 def what_to_do(
-    stage: str, entry: Mapping[str, Any], resume_command: str, origin: RunOrigin | StartedFrom
+    stage: str, entry: Mapping[str, Any], resume_command: str, origin: RunOrigin
 ) -> list[str]:
     """The markdown lines that say how to go on after `stage` failed with `entry['error']`."""
-    if isinstance(origin, str):
-        origin = RunOrigin(origin)
     keys = settings_to_change(stage, entry)
     can_retry = bool(entry.get("retry_can_succeed"))
     fields = ", ".join(field_for(k, origin) for k in keys)

@@ -101,15 +101,10 @@ def current_draft(work_dir: Path) -> PromotedDraft | None:
     if evaluate.get("key") and report.is_file():
         tau = set_taus(json.loads(report.read_text()))
     keyed = {TARGET_PART_OF.get(path): value for path, value in train.config.items()}
-    return PromotedDraft(
-        train_key=train.key,
-        draft=f"{TRAIN}/{train.key}/{DRAFT_FOLDER}",
-        target_model=str(train.info.get("target_model", "")),
-        target={part: str(keyed.get(part, "")) for part in TRAINED_PARTS},
-        tau=tau,
-        promoted=train.finished,
-        why="the last run's draft",
-    )
+    target = {part: str(keyed.get(part, "")) for part in TRAINED_PARTS}
+    draft = promoted_from_run(train.key, str(train.info.get("target_model", "")), target, tau,
+                              "the last run's draft")  # fmt: skip
+    return draft.model_copy(update={"promoted": train.finished})
 
 
 def target_change(config: PipelineConfig) -> dict[str, Any] | None:
@@ -213,7 +208,7 @@ def measure(config: PipelineConfig, draft_dir: Path, progress=None) -> dict[str,
 
 
 def promoted_from_run(
-    work_dir: Path, train_key: str, target_model: str, target: dict[str, str], tau: dict, why: str
+    train_key: str, target_model: str, target: dict[str, str], tau: dict, why: str
 ) -> PromotedDraft:
     """The record of a run's draft (`train/<key>/draft`) as the current one."""
     return PromotedDraft(
@@ -251,7 +246,7 @@ def promote_completed_run(config: PipelineConfig, run: RunRecord) -> bool:
     tau = set_taus(json.loads(report.read_text())) if report.is_file() else {}
     promote(
         work_dir,
-        promoted_from_run(work_dir, train["key"], config.target.model, trained_parts(config),
+        promoted_from_run(train["key"], config.target.model, trained_parts(config),
                           tau, "a run trained and measured it"),
     )  # fmt: skip
     return True

@@ -230,8 +230,10 @@ def _complete_lines(path: Path) -> int:
     return count
 
 
-def describe_partial(folder: Path) -> dict[str, Any]:
-    """What a stage's `.partial` folder holds: files, records per JSONL file, failed ids."""
+def describe_partial(folder: Path, counted: bool = True) -> dict[str, Any]:
+    """What a stage's `.partial` folder holds: files, records per JSONL file, failed ids (not
+    `counted`: its files only, for a run stopping by a signal: a 10 GB file would take longer
+    than the exit may)."""
     folder = Path(folder)
     if not folder.is_dir():
         return {"exists": False}
@@ -239,11 +241,11 @@ def describe_partial(folder: Path) -> dict[str, Any]:
     records = {
         path.name: _complete_lines(path)
         for path in files
-        if path.suffix == ".jsonl" and path.parent == folder
+        if counted and path.suffix == ".jsonl" and path.parent == folder
     }
     failed_ids = []
     failed = folder / FAILED_FILE
-    if failed.is_file():
+    if counted and failed.is_file():
         for line in failed.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 failed_ids.append(json.loads(line)["sample_id"])
@@ -260,10 +262,11 @@ def describe_partial(folder: Path) -> dict[str, Any]:
 
 
 def failure_entry(
-    key: str, partial: Path, error: str, seconds: float, retry_can_succeed: bool = False
-) -> dict[str, Any]:
+    key: str, partial: Path, error: str, seconds: float, retry_can_succeed: bool = False,
+    counted: bool = True,
+) -> dict[str, Any]:  # fmt: skip
     """The `run.json` entry of a stage that failed; `retry_can_succeed` for a passing fault
-    (`eaglet.errors.is_transient`)."""
+    (`eaglet.errors.is_transient`); `counted`: see `describe_partial`."""
     return {
         "state": "Failed",
         "key": key,
@@ -272,14 +275,8 @@ def failure_entry(
         "seconds": round(seconds, 2),
         "error": error,
         "retry_can_succeed": retry_can_succeed,
-        "partial": describe_partial(partial),
+        "partial": describe_partial(partial, counted),
     }
-
-
-def partial_advice(stage: str) -> str:
-    """What a rerun does with `stage`'s `.partial` folder ("this stage <advice>")."""
-    spec = STAGE.get(stage)
-    return spec.resume_note if spec is not None and spec.resumes else RESTARTS_PARTIAL
 
 
 def failure_note(stage: str, entry: StageEntry, run: RunRecord | None) -> str:
@@ -313,7 +310,8 @@ def failure_note(stage: str, entry: StageEntry, run: RunRecord | None) -> str:
     started_from = run.get("started_from", "shell") if run else "shell"
     lines += [
         "",
-        f"**Resume**: finished stages come back Cached; this stage {partial_advice(stage)}.",
+        f"**Resume**: finished stages come back Cached; this stage "
+        f"{RESUMES_PARTIAL.get(stage, RESTARTS_PARTIAL)}.",
         "",
         *what_to_do(stage, entry, resume_command(run), RunOrigin.of_run(run)),
         "",
@@ -349,12 +347,6 @@ def training_line(info: dict[str, Any]) -> str:
     return line
 
 
-def key_figures(stage: str, manifest: dict[str, Any]) -> str:
-    """One table cell: the figures a person checks first for this stage (its declaration's
-    `figures`)."""
-    return STAGE[stage].key_figures(manifest)
-
-
 def _in_work_dir(entry: StageEntry, run: RunRecord) -> str:
     path = Path(entry.get("path", ""))
     work_dir = Path(run.get("work_dir", "/nonexistent"))
@@ -384,13 +376,10 @@ def render_run_report(run: RunRecord, manifests: dict[str, dict[str, Any]]) -> s
     for stage in STAGES:
         entry = stages.get(stage)
         if entry is None:
-            if STAGES.index(stage) > STAGES.index(until):
-                state = "not requested"
-            else:
-                state = "not run"
+            state = "not requested" if STAGES.index(stage) > STAGES.index(until) else "not run"
             lines.append(f"| {stage} | {state} | | | |")
             continue
-        figures = key_figures(stage, manifests[stage]) if stage in manifests else ""
+        figures = STAGE[stage].key_figures(manifests[stage]) if stage in manifests else ""
         lines.append(
             f"| {stage} | {entry['state']} | {entry.get('records', 0)} | "
             f"{entry.get('seconds', 0):.1f} | `{_in_work_dir(entry, run)}` |"

@@ -225,10 +225,9 @@ def plan_run(
             plans.append(StagePlan(spec.name, state, key))
             continue
         if not waits and len(upstream) >= 1:  # its input is known: count what it would reuse
-            estimate = reuse_estimate(
-                spec.name, config, stage_dir(work_dir, upstream[0]),
-                stage_folder(work_dir, spec.name, key),
-            )  # fmt: skip
+            estimate = spec.reuse(
+                config, stage_dir(work_dir, upstream[0]), stage_folder(work_dir, spec.name, key)
+            )
             if estimate is not None:
                 reasons.append(f"{estimate[0]} samples reused, {estimate[1]} computed")
         plans.append(StagePlan(spec.name, "runs", key, reasons))
@@ -282,11 +281,3 @@ def features_reused(
     found = sum(reuse.has(e.sample_id, e.input_ids) for e in rows)
     reuse.close()
     return found, len(rows) - found
-
-
-def reuse_estimate(
-    stage: str, config: PipelineConfig, upstream_folder: Path, folder: Path
-) -> tuple[int, int] | None:
-    """(samples reused, samples computed) if `stage` ran now into `folder`, reading the
-    complete upstream folder `upstream_folder`; None for a stage that reuses nothing."""
-    return STAGE[stage].reuse(config, upstream_folder, folder)

@@ -78,14 +78,8 @@ def stage_status(
     if chosen is None and shown_partial is None:
         shown_partial = newest_partial
     if shown_partial is not None:
-        key = shown_partial.name[: -len(PARTIAL_SUFFIX)]
-        newest_partial = shown_partial
-        return {
-            "status": "partial",
-            "key": key,
-            "path": str(newest_partial.resolve()),
-            "records": 0,
-        }
+        key = shown_partial.name.removesuffix(PARTIAL_SUFFIX)
+        return {"status": "partial", "key": key, "path": str(shown_partial.resolve()), "records": 0}
     if chosen is None and unreadable:
         key, problem = next(iter(sorted(unreadable.items())))
         path = str((folder / key).resolve())

@@ -24,6 +24,9 @@ from eaglet_prefect.flows.commands.run import WORK_DIR_LOCKED_EXIT
 from eaglet_prefect.flows.prefect_server import CredentialsRefused, TemporaryPrefectServer
 
 __all__ = ["WORK_DIR_LOCKED_EXIT", "build_parser", "main"]
+# What stops a command before anything ran: a config that cannot run, a work dir or server
+# that cannot be used (exit 2; a work dir another run holds: WORK_DIR_LOCKED_EXIT).
+NOTHING_RAN = (ConfigError, PreflightError, work_dir_lock.WorkDirUnwritable, CredentialsRefused)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,18 +69,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run_command(args: argparse.Namespace) -> int:
     try:
         return args.handler(args)
-    except ConfigError as exc:
+    except (*NOTHING_RAN, work_dir_lock.WorkDirLocked) as exc:  # the holder's run is untouched
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except PreflightError as exc:  # the config cannot run; nothing ran
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except work_dir_lock.WorkDirLocked as exc:  # nothing ran; the holder's run is untouched
-        print(f"error: {exc}", file=sys.stderr)
-        return WORK_DIR_LOCKED_EXIT
-    except (work_dir_lock.WorkDirUnwritable, CredentialsRefused) as exc:  # nothing ran
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return WORK_DIR_LOCKED_EXIT if isinstance(exc, work_dir_lock.WorkDirLocked) else 2
     except Exception as exc:  # a failed stage: its message says what and where
         if args.command not in ("demo", "run"):
             raise
@@ -127,7 +121,6 @@ def _interrupted(exc: BaseException) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-    return code  # unreachable
 
 
 def _after_failure(args: argparse.Namespace) -> str:

@@ -7,6 +7,7 @@ keeps it, or trains from it and promotes the better draft. The decisions are the
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from statistics import mean
 
@@ -138,7 +139,7 @@ def refresh(work_dir: str = "runs/demo", config_path: str = "") -> State:
             result = pipeline(config=retrain)  # a subflow: every stage of it in the UI
         stages = result["stages"]
         report_file = stage_folder(Path(config.work_dir), STAGES[-1], stages[STAGES[-1]]["key"])
-        trained = set_taus(_read(report_file / REPORT_FILE))
+        trained = set_taus(json.loads((report_file / REPORT_FILE).read_text()))
         old, new = mean(now.values()), mean(trained[name] for name in now)
         rows = "\n".join(
             f"| {name} | {now[name]:.3f} | {trained.get(name, float('nan')):.3f} |" for name in now
@@ -151,7 +152,7 @@ def refresh(work_dir: str = "runs/demo", config_path: str = "") -> State:
             promote(
                 Path(config.work_dir),
                 promoted_from_run(
-                    Path(config.work_dir), stages[TRAIN]["key"], config.target.model, target,
+                    stages[TRAIN]["key"], config.target.model, target,
                     trained, f"refresh: τ {new:.3f} against the old draft's {old:.3f}",
                 ),
             )  # fmt: skip
@@ -163,9 +164,3 @@ def refresh(work_dir: str = "runs/demo", config_path: str = "") -> State:
             report + verdict_line + "\n", key="refresh-report", description=verdict_line
         )
         return Completed(message=verdict_line)
-
-
-def _read(path: Path) -> dict:
-    import json
-
-    return json.loads(path.read_text())

@@ -100,20 +100,9 @@ def interrupted_entry(
     without counting their records (a 10 GB file would take longer than the exit may)."""
     key, partial = partial_folder(stage, config, inputs)
     entry: StageEntry = {
-        **failure_entry(key, Path("/nonexistent"), str(exc), seconds),
+        **failure_entry(key, partial, str(exc), seconds, counted=False),
         "state": "Crashed",
     }
-    entry["path"] = str(partial)
-    if partial.is_dir():
-        files = sorted(p for p in partial.rglob("*") if p.is_file())
-        entry["partial"] = {
-            "exists": True,
-            "files": len(files),
-            "bytes": sum(p.stat().st_size for p in files),
-            "listed": [str(p.relative_to(partial)) for p in files[:10]],
-            "records": {},
-            "failed_sample_ids": [],
-        }
     return entry
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from prefect import flow
-from prefect.runtime import flow_run
 from prefect.states import State
 from pydantic import Field
 
@@ -15,19 +14,13 @@ from eaglet.failure_advice import RunOrigin
 from eaglet.short_form import EngineChoice, ShortFormDataset, short_form_overrides
 from eaglet.stages import STAGES, RefreshFrom, StageName
 from eaglet_prefect.flows.crashes import report_crash
-from eaglet_prefect.flows.pipeline import publish_plan, run_stages, start_run
+from eaglet_prefect.flows.pipeline import publish_plan, run_name, run_stages, start_run
 from eaglet_prefect.flows.refusals import REFUSALS, refusals_reported, refused_state
-from eaglet_prefect.flows.run_names import run_label_of
-
-
-def short_form_run_name() -> str:
-    """`pipeline[<config name>]`, as the pipeline flow names its runs."""
-    return run_label_of(dict(flow_run.parameters))
 
 
 @flow(
     name="eaglet-pipeline-short-form",
-    flow_run_name=short_form_run_name,
+    flow_run_name=run_name,  # `pipeline[<config name>]`, as the pipeline's runs
     log_prints=True,
     on_crashed=[report_crash],
 )

@@ -180,13 +180,20 @@ def test_sample_data(tmp_path: Path) -> None:
 # --- model -----------------------------------------------------------------------------
 
 
+def has_reasoning_format(tokens: list[int], think_close_id: int, eos_id: int) -> bool:
+    """`</think>` is emitted, and `<|im_end|>` comes after it."""
+    if think_close_id not in tokens:
+        return False
+    return eos_id in tokens[tokens.index(think_close_id) + 1 :]
+
+
 @pytest.mark.slow
 def test_fixture_model_builds_loads_and_reasons(fixture_model_dir: Path) -> None:
     """The session's fixture model (tests/conftest.py builds it with the defaults)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from eaglet.fixture.model import eval_prompts, greedy_generate, has_reasoning_format
+    from eaglet.fixture.model import eval_prompts, greedy_generate
 
     out = fixture_model_dir
     for name in ("config.json", "generation_config.json", "model.safetensors", "fixture.json"):

@@ -39,25 +39,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from eaglet.config.pipeline import PipelineConfig
-from eaglet.preflight.datasets import check_datasets, count_rows
+from eaglet.preflight.datasets import check_datasets
 from eaglet.preflight.devices import check_devices, cpu_has_bf16_units
-from eaglet.preflight.endpoints import (
-    check_endpoints,
-    check_vllm_python,
-    not_vllm_problem,
-    vllm_endpoint_problem,
-)
+from eaglet.preflight.endpoints import check_endpoints, check_vllm_python
 from eaglet.preflight.evaluate import check_eval_sets, check_holdout
 from eaglet.preflight.hidden_states import check_hidden_states_backend, check_layers
-from eaglet.preflight.hub import dataset_cached, hub_dataset_problem, hub_lookup_problem
+from eaglet.preflight.hub import hub_dataset_problem, hub_lookup_problem
 from eaglet.preflight.report import PreflightError, PreflightReport
-from eaglet.preflight.target import (
-    check_safetensors,
-    check_vocab,
-    check_weights,
-    config_advice,
-    load_target,
-)
+from eaglet.preflight.target import check_safetensors, check_vocab, load_target
 from eaglet.preflight.tokenize import check_lengths, check_template
 from eaglet.preflight.train import check_init_from, check_mask_token, check_method, check_nodes
 from eaglet.preflight.work_dir import check_disk_budget, check_work_dir
@@ -67,7 +56,6 @@ from eaglet.stages import STAGE, STAGES
 __all__ = [
     "PreflightError",
     "PreflightReport",
-    "check_datasets",
     "check_devices",
     "check_disk_budget",
     "check_endpoints",
@@ -77,28 +65,17 @@ __all__ = [
     "check_init_from",
     "check_layers",
     "check_lengths",
-    "check_mask_token",
-    "check_method",
     "check_nodes",
     "check_safetensors",
     "check_template",
-    "check_vllm_python",
-    "check_vocab",
-    "check_weights",
-    "check_work_dir",
-    "config_advice",
-    "count_rows",
     "cpu_has_bf16_units",
-    "dataset_cached",
     "hub_dataset_problem",
     "hub_lookup_problem",
     "load_target",
-    "not_vllm_problem",
     "preflight",
     "run_preflight",
     "run_preflight_ahead",
     "take_passed_ahead",
-    "vllm_endpoint_problem",
 ]
 
 

@@ -47,16 +47,12 @@ def check_vllm_python(config: PipelineConfig, report: PreflightReport) -> None:
     """The vLLM python the serving check starts a server with finds vLLM: the server starts
     only at the evaluate stage, hours into a run (the hidden-state backend's is its own
     check, `check_hidden_states_backend`, with `check_python_with_vllm` too)."""
-    wanted = {
-        "evaluate.vllm_python": config.evaluate.serving == "vllm"
-        and not config.evaluate.serving_endpoint
-        and config.evaluate.vllm_python,
-    }
-    for setting, python in wanted.items():
-        if not python:
-            continue
-        check_python_with_vllm(setting, python, report)
-    if wanted["evaluate.vllm_python"] and config.evaluate.temperature > 0:
+    evaluate = config.evaluate
+    python = evaluate.vllm_python
+    if evaluate.serving != "vllm" or evaluate.serving_endpoint or not python:
+        return
+    check_python_with_vllm("evaluate.vllm_python", python, report)
+    if evaluate.temperature > 0:
         import torch
 
         if not torch.cuda.is_available():  # the vLLM eaglet starts here is its CPU build
