@@ -74,11 +74,6 @@ def crash_markdown(
     return "\n".join(lines) + "\n"
 
 
-def stage_of(task_run_name: str) -> str:
-    """`train[demo]` -> `train`."""
-    return task_run_name.split("[", 1)[0]
-
-
 def report_crash(flow: Any, flow_run: Any, state: Any) -> None:
     """The `on_crashed` hook: every task run of `flow_run` not in a final state is marked
     Crashed (a killed process cannot say so itself), then `run-crashed` is published."""
@@ -99,7 +94,7 @@ def report_crash(flow: Any, flow_run: Any, state: Any) -> None:
                 Crashed(message=f"the flow run crashed while this task ran: {message}"),
                 force=True,
             )
-        interrupted = sorted({stage_of(t.name) for t in stale})
+        interrupted = sorted({t.name.split("[", 1)[0] for t in stale})  # train[demo]: train
         client.create_artifact(
             ArtifactCreate(
                 key="run-crashed",

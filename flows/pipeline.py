@@ -319,8 +319,7 @@ def run_task(
         raise
     record["running"] = None
     if not state.is_completed():
-        entry = stage_failure(stage, config, inputs, state, time.time() - started)
-        record["stages"][stage] = entry
+        record["stages"][stage] = stage_failure(stage, config, inputs, state, time.time() - started)
         write_run_record(work_dir, record)
     manifest = state.result()  # raises the task's error
     record["stages"][stage] = {

@@ -12,7 +12,22 @@ line of its log."""
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime
 from typing import Any
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import LogCreate
+from prefect.client.schemas.filters import (
+    DeploymentFilter,
+    DeploymentFilterId,
+    FlowFilter,
+    FlowFilterName,
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateName,
+    FlowRunFilterStateType,
+)
+from prefect.client.schemas.objects import StateType
 
 from eaglet.config import PipelineConfig, load_config
 from eaglet.stages import PRODUCER, STAGES
@@ -57,16 +72,6 @@ def run_label_of(parameters: dict[str, Any]) -> str:
 def name_waiting_runs() -> int:
     """Rename every scheduled or pending run of eaglet's flows that does not carry its name
     yet; how many were renamed."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (
-        FlowFilter,
-        FlowFilterName,
-        FlowRunFilter,
-        FlowRunFilterState,
-        FlowRunFilterStateType,
-    )
-    from prefect.client.schemas.objects import StateType
-
     waiting = FlowRunFilter(
         state=FlowRunFilterState(
             type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING])
@@ -95,22 +100,6 @@ WAITING = "AwaitingConcurrencySlot"
 def explain_waiting_runs(told: set[str]) -> int:
     """Log, once on each run of eaglet's flows waiting for its deployment's slot (ids in
     `told`), which run of the deployment holds it; how many were told."""
-    from datetime import UTC, datetime
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import LogCreate
-    from prefect.client.schemas.filters import (
-        DeploymentFilter,
-        DeploymentFilterId,
-        FlowFilter,
-        FlowFilterName,
-        FlowRunFilter,
-        FlowRunFilterState,
-        FlowRunFilterStateName,
-        FlowRunFilterStateType,
-    )
-    from prefect.client.schemas.objects import StateType
-
     eaglet = FlowFilter(name=FlowFilterName(any_=list(FLOWS)))
     state = FlowRunFilterState(name=FlowRunFilterStateName(any_=[WAITING]))
     logs = []

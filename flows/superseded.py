@@ -12,26 +12,16 @@ FAILURE_KEYS = ("run-crashed", "run-refused")  # and every `<stage>-failure`
 SUPERSEDED = "**Superseded**"
 
 
-def is_failure_key(key: str | None) -> bool:
-    return bool(key) and (key.endswith("-failure") or key in FAILURE_KEYS)
-
-
-def superseded_markdown(old: str, when: datetime) -> str:
-    """The artifact's new text: superseded first, then what it said."""
-    at = when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return (
-        f"{SUPERSEDED}: a later attempt of this run completed at {at}; what follows is an "
-        f"earlier attempt's report.\n\n---\n\n{old}"
-    )
-
-
 def mark_failures_superseded(flow_run_id: UUID | str) -> int:
-    """Rewrite every failure artifact of the flow run not yet marked; how many were."""
+    """Rewrite every failure artifact of the flow run not yet marked (superseded first, then
+    what it said); how many were."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import ArtifactUpdate
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-    now = datetime.now(UTC)
+    at = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    superseded = f"{SUPERSEDED}: a later attempt of this run completed at {at}; what follows is an "
+    superseded += "earlier attempt's report.\n\n---\n\n"
     marked = 0
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(
@@ -39,12 +29,14 @@ def mark_failures_superseded(flow_run_id: UUID | str) -> int:
         )
         for artifact in found:
             text = artifact.data if isinstance(artifact.data, str) else ""
-            if not is_failure_key(artifact.key) or text.startswith(SUPERSEDED):
+            key = artifact.key or ""
+            failure = key.endswith("-failure") or key in FAILURE_KEYS
+            if not failure or text.startswith(SUPERSEDED):
                 continue
             client.update_artifact(
                 artifact.id,
                 ArtifactUpdate(
-                    data=superseded_markdown(text, now),
+                    data=superseded + text,
                     description=f"superseded: a later attempt completed ({artifact.description})",
                 ),
             )
