@@ -115,12 +115,14 @@ class SplitPlan:
 def calibrate(config: PipelineConfig, sample_tokens: int | None = None) -> Calibration:
     """Both rates for `config` (its servers must be up). `sample_tokens`: the calibration
     samples' length (default: `run_sample_tokens`)."""
+    from eaglet.draft.train import training_device
+
     tokens = sample_tokens or run_sample_tokens(config)
     return Calibration(
         server_rates=capture_rates(config, tokens),
         rank_rate=training_rate(config, tokens),
         sample_tokens=tokens,
-        device=str(_device(config)),
+        device=str(training_device(config.train)),
     )
 
 
@@ -198,12 +200,6 @@ class CalibrationData:
 
     def fingerprint(self, batch_size: int, max_seq_len: int) -> str:
         return "calibration"
-
-
-def _device(config: PipelineConfig) -> torch.device:
-    from eaglet.draft.train import training_device
-
-    return training_device(config.train)
 
 
 def training_rate(config: PipelineConfig, tokens: int) -> float:

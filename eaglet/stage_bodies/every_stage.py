@@ -8,8 +8,6 @@ re-keys that stage alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from eaglet.config import PipelineConfig
 from eaglet.stage_bodies import (
     download,
@@ -35,12 +33,7 @@ BODIES: dict[str, StageBody] = {
 
 
 def run_stage_without_prefect(
-    stage: str,
-    config: PipelineConfig,
-    inputs: dict[str, Manifest],
-    context: StageContext,
-    refresh: bool = False,
-    reopen_if: Callable[[Manifest], bool] | None = None,
+    stage: str, config: PipelineConfig, inputs: dict[str, Manifest], context: StageContext
 ) -> Manifest:
     """`eaglet.stage_runner.run_stage_body` with the stage's own body."""
-    return run_stage_body(stage, BODIES[stage], config, inputs, context, refresh, reopen_if)
+    return run_stage_body(stage, BODIES[stage], config, inputs, context)

@@ -66,23 +66,18 @@ def train(manifest: dict[str, Any]) -> str:
     text = f"{method} draft; final loss {loss}; {info.get('steps', 0)} steps"
     if "hidden_states_mode" in info:
         text += f"; {training_line(info)}"
-    if info.get("throughput"):
-        text += f"; {run_split_text(info['throughput'])}"
-    return text
-
-
-def run_split_text(throughput: dict) -> str:
-    """A finished run's rates (the train manifest's `throughput`), for the run report."""
-    ranks = throughput["ranks"]
-    per_rank = sum(r["samples_per_s"] for r in ranks) / len(ranks)
-    text = f"{len(ranks)} rank(s) at {per_rank:.1f} samples/s each"
-    servers = throughput.get("servers") or {}
-    if servers:
-        rates = ", ".join(f"{s['samples_per_s']:.1f}" for s in servers.values())
-        text += (
-            f", {len(servers)} capture server(s) at {rates} samples/s, the ranks waited "
-            f"{throughput['wait_share']:.0%} of their step time: bound by {throughput['bound']}"
-        )
+    throughput = info.get("throughput")
+    if throughput:  # the finished run's rates (`eaglet.draft.ledger.throughput`)
+        ranks = throughput["ranks"]
+        per_rank = sum(r["samples_per_s"] for r in ranks) / len(ranks)
+        text += f"; {len(ranks)} rank(s) at {per_rank:.1f} samples/s each"
+        servers = throughput.get("servers") or {}
+        if servers:
+            rates = ", ".join(f"{s['samples_per_s']:.1f}" for s in servers.values())
+            text += (
+                f", {len(servers)} capture server(s) at {rates} samples/s, the ranks waited "
+                f"{throughput['wait_share']:.0%} of their step time: bound by {throughput['bound']}"
+            )
     return text
 
 
