@@ -227,6 +227,25 @@ def test_rewording_the_report_or_the_plan_never_changes_a_stages_code_hash():
         assert named.isdisjoint(stage_modules(stage)), stage
 
 
+def test_every_declared_figures_and_reuse_estimate_names_a_function():
+    """The declarations name them as `module:function` strings (a function would close an
+    import cycle: estimate -> reuse -> cache -> stages), so a renamed function fails here, not
+    in a user's run report or plan."""
+    import importlib
+    import inspect
+
+    from eaglet.stages import STAGE_LIST
+
+    for spec in STAGE_LIST:
+        for target in (spec.figures, spec.reuse_estimate):
+            if target:
+                module, _, name = target.partition(":")
+                assert inspect.isfunction(getattr(importlib.import_module(module), name, None)), (
+                    spec.name,
+                    target,
+                )
+
+
 def test_the_report_says_why_each_stage_ran(tmp_path):
     run = start_run_record(config_for(tmp_path), None, "evaluate", None)
     manifest = run_stage(
