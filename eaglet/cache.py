@@ -73,6 +73,7 @@ NOT_OUTPUT = frozenset(
         "eaglet.errors",
         "eaglet.fingerprints",  # what a stage reads from outside, fingerprinted for its key
         "eaglet.stage_reasons",  # says why a stage runs, never what it writes
+        "eaglet.report_figures",  # the run report's figures and formats
     }
 )  # a package's name stands for its modules too (eaglet.config.train): `is_not_output`
 
@@ -231,6 +232,16 @@ KEYED_AS: dict[str, dict[str, str]] = {
     "eaglet.stage_bodies.generate": {
         "9e0b2859e9bd22cc058463e6dea291d10e59f3b9929d6ef05720ee8a704dc876":
         "8b5a12abfc9f597bed2fb05bacb95f9e882f68d4c2cabdb137b1d07f7836fd2d",
+    },
+    # Figures and reuse estimates left the declaration for `FIGURES` and `REUSE_ESTIMATES`, and
+    # `percent` moved with the figures, out of the run report (issue 50)
+    "eaglet.stages": {
+        "f194e0cf084cf10805e141290cba5b7ad014fbfbf35873dd8fb7d55b7154238a":
+        "16cedb8b7d6f70996a04c1af87e16ab41e257a22e06371e3fddbc420ec58f56a",
+    },
+    "eaglet.stage_bodies.extract": {
+        "85f3bd07614df5ccfc8caeb17bbdfe52a0c408541381b88f6b589443a8e8d9ed":
+        "e7ac3feb7b3a6afd144ce45196e55e17464686d5ce0111d13c8be3274dc2d1d8",
     },
 }  # fmt: skip
 

@@ -21,7 +21,8 @@ import yaml
 
 from eaglet.config import PipelineConfig, resolve_paths
 from eaglet.failure_advice import RunOrigin, key_line, what_to_do
-from eaglet.stages import FAILED_FILE, STAGE, STAGE_LIST, STAGES
+from eaglet.report_figures import FIGURES
+from eaglet.stages import FAILED_FILE, STAGE_LIST, STAGES
 from eaglet.storage import ManifestError, read_manifest, write_json_atomic
 
 RUN_FILE = "run.json"
@@ -327,26 +328,6 @@ def plain(text: str) -> str:
     return re.sub(r"([\\`*_\[\]<>#|])", r"\\\1", text)
 
 
-def percent(value: float | None) -> str:
-    """A share as `12.3%`, `n/a` when unknown (the one format of every report)."""
-    return "n/a" if value is None else f"{value:.1%}"
-
-
-def training_line(info: dict[str, Any]) -> str:
-    """Which hidden-states mode trained the draft and the disk its features took or saved."""
-    from eaglet.hidden_states.budget import human
-
-    if info.get("hidden_states_mode") == "online":
-        saved = info.get("feature_bytes_saved", 0)
-        storage = info.get("feature_bytes_saved_storage", "?")
-        line = f"online hidden states, 0 B stored ({human(saved)} of {storage} shards saved)"
-    else:
-        line = f"offline hidden states, {human(info.get('feature_bytes_stored', 0))} of shards"
-    if info.get("best_epoch") is not None:  # train.keep_best
-        line += f"; draft of epoch {info['best_epoch']:g} (lowest held-out loss)"
-    return line
-
-
 def _in_work_dir(entry: StageEntry, run: RunRecord) -> str:
     path = Path(entry.get("path", ""))
     work_dir = Path(run.get("work_dir", "/nonexistent"))
@@ -379,7 +360,8 @@ def render_run_report(run: RunRecord, manifests: dict[str, dict[str, Any]]) -> s
             state = "not requested" if STAGES.index(stage) > STAGES.index(until) else "not run"
             lines.append(f"| {stage} | {state} | | | |")
             continue
-        figures = STAGE[stage].key_figures(manifests[stage]) if stage in manifests else ""
+        key_figures = FIGURES.get(stage)
+        figures = key_figures(manifests[stage]) if key_figures and stage in manifests else ""
         lines.append(
             f"| {stage} | {entry['state']} | {entry.get('records', 0)} | "
             f"{entry.get('seconds', 0):.1f} | `{_in_work_dir(entry, run)}` |"

@@ -15,14 +15,18 @@ wrote. A stage that will run has no output yet: the plan assumes it writes what 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eaglet.cache import PLUG_IN_MODULE, code_hash, code_modules, stage_config, stage_key
 from eaglet.config import PipelineConfig
+from eaglet.records.examples import Example
+from eaglet.records.io import read_jsonl
+from eaglet.records.prompts import Prompt
 from eaglet.reuse import earlier_runs_alike, reusable_generations
-from eaglet.stages import STAGE, STAGE_LIST, STAGES
+from eaglet.stages import EXAMPLES_FILE, PRODUCER, PROMPTS_FILE, STAGE, STAGE_LIST, STAGES
 from eaglet.storage import (
     PARTIAL_SUFFIX,
     Manifest,
@@ -225,10 +229,11 @@ def plan_run(
             plans.append(StagePlan(spec.name, state, key))
             continue
         if not waits and len(upstream) >= 1:  # its input is known: count what it would reuse
-            estimate = spec.reuse(
+            reused = REUSE_ESTIMATES.get(spec.name)
+            estimate = reused and reused(
                 config, stage_dir(work_dir, upstream[0]), stage_folder(work_dir, spec.name, key)
             )
-            if estimate is not None:
+            if estimate:
                 reasons.append(f"{estimate[0]} samples reused, {estimate[1]} computed")
         plans.append(StagePlan(spec.name, "runs", key, reasons))
         running[spec.name] = [spec.name]
@@ -250,12 +255,8 @@ def _own_folder(work_dir: Path, stage: str, key: str) -> Manifest | None:
 def generations_reused(
     config: PipelineConfig, prompts_folder: Path, folder: Path
 ) -> tuple[int, int] | None:
-    """generate's `Stage.reuse_estimate`: (records reused, prompts sent) if it ran now into
+    """generate's reuse estimate: (records reused, prompts sent) if it ran now into
     `folder` from the prompts in `prompts_folder`; None with turn-by-turn regeneration."""
-    from eaglet.records.io import read_jsonl
-    from eaglet.records.prompts import Prompt
-    from eaglet.stages import PROMPTS_FILE
-
     if config.tokenize.regenerate == "all":
         return None
     prompts = list(read_jsonl(prompts_folder / PROMPTS_FILE, Prompt))
@@ -266,12 +267,9 @@ def generations_reused(
 def features_reused(
     config: PipelineConfig, examples_folder: Path, folder: Path
 ) -> tuple[int, int] | None:
-    """hidden_states' `Stage.reuse_estimate`: (samples whose features are reused, samples
+    """hidden_states' reuse estimate: (samples whose features are reused, samples
     computed) if it ran now into `folder` from the examples in `examples_folder`."""
     from eaglet.hidden_states.reuse import FeatureReuse
-    from eaglet.records.examples import Example
-    from eaglet.records.io import read_jsonl
-    from eaglet.stages import EXAMPLES_FILE, PRODUCER
 
     rows = list(read_jsonl(examples_folder / EXAMPLES_FILE, Example))
     earlier = earlier_runs_alike(PRODUCER["features"], config, folder)
@@ -281,3 +279,11 @@ def features_reused(
     found = sum(reuse.has(e.sample_id, e.input_ids) for e in rows)
     reuse.close()
     return found, len(rows) - found
+
+
+# A stage -> how many samples `eaglet run --plan` expects a rerun of it to reuse and compute
+# (a stage with none reuses nothing).
+REUSE_ESTIMATES: dict[str, Callable[[PipelineConfig, Path, Path], tuple[int, int] | None]] = {
+    PRODUCER["generations"]: generations_reused,
+    PRODUCER["features"]: features_reused,
+}

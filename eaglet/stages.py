@@ -16,10 +16,9 @@ them from here, never as a loose string.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -83,12 +82,6 @@ class Stage:
     # With `resumes`: what a rerun does with the `.partial` folder, in the run report's words
     # ("this stage <resume_note>"); a stage that resumes cannot be declared without one.
     resume_note: str = ""
-    # `module:function` of the run report's key figures from its manifest (`KeyFigures`): a
-    # module no body imports, so rewording the report never changes a stage's code hash.
-    figures: str = ""
-    # `module:function` of how many samples `eaglet run --plan` expects a rerun to reuse
-    # (`ReuseEstimate`); empty for a stage that reuses nothing.
-    reuse_estimate: str = ""
     # The setting the run's advice names when the stage failed a passing fault and its error
     # names none (the one a user typed that such faults most often come from).
     retry_setting: str = ""
@@ -153,25 +146,6 @@ class Stage:
         online = config is not None and _online(config)
         return self.plug_ins + (self.plug_ins_online if online else ())
 
-    def key_figures(self, manifest: dict[str, Any]) -> str:
-        """The figures a person checks first for this stage (a manifest as a dict); "" when
-        it declares none."""
-        return _load(self.figures)(manifest) if self.figures else ""
-
-    def reuse(
-        self, config: PipelineConfig, upstream_folder: Path, folder: Path
-    ) -> tuple[int, int] | None:
-        """(samples reused, samples computed) if it ran now into `folder` reading the complete
-        `upstream_folder`; None for a stage that reuses nothing."""
-        if not self.reuse_estimate:
-            return None
-        return _load(self.reuse_estimate)(config, upstream_folder, folder)
-
-
-def _load(target: str) -> Any:
-    module, function = target.split(":")
-    return getattr(importlib.import_module(module), function)
-
 
 def writers_of(name: str) -> tuple[str, ...]:
     """The stages whose declared `files` hold `name`, in pipeline order."""
@@ -198,7 +172,6 @@ STAGE_LIST: tuple[Stage, ...] = (
         reads=(),
         files=(SAMPLES_FILE, REJECTED_FILE),
         keyed_by=("datasets",),
-        figures="eaglet.stage_bodies.figures:download",
     ),
     Stage(
         name="tokenize",
@@ -215,7 +188,6 @@ STAGE_LIST: tuple[Stage, ...] = (
             "generation.sampling_plan_mode",
             "generation.seed",
         ),  # fmt: skip
-        figures="eaglet.stage_bodies.figures:tokenize",
     ),
     Stage(
         name="generate",
@@ -226,8 +198,6 @@ STAGE_LIST: tuple[Stage, ...] = (
         resumes=True,  # appends records as they arrive; a rerun sends only the missing ones
         resume_note=f"keeps the records already in {GENERATIONS_FILE} and sends only the "
         "prompts not written yet (failed samples are tried again)",
-        figures="eaglet.stage_bodies.figures:generate",
-        reuse_estimate="eaglet.stage_reasons:generations_reused",
         retry_setting="generation.endpoints",  # a server that is down or busy
         retries_failed=True,
         plug_ins=("engine",),
@@ -239,7 +209,6 @@ STAGE_LIST: tuple[Stage, ...] = (
         reads=("generations", "prompts"),
         files=(EXAMPLES_FILE, QUALITY_FILE),
         keyed_by=("reasoning", TARGET_TOKENIZER, TARGET_TEMPLATE, TARGET_GENERATION),
-        figures="eaglet.stage_bodies.figures:extract",
     ),
     Stage(
         name="hidden_states",
@@ -249,8 +218,6 @@ STAGE_LIST: tuple[Stage, ...] = (
         keyed_by=("hidden_states", LAYER_IDS, TARGET_WEIGHTS, "target.dtype"),
         resumes=True,
         resume_note="keeps every finished shard and computes only the samples not in one",
-        figures="eaglet.stage_bodies.figures:hidden_states",
-        reuse_estimate="eaglet.stage_reasons:features_reused",
         shown_files=("shard-*.safetensors", "index.jsonl"),
         skipped_online=True,  # online, train computes the features itself
         holds_device=True,  # the target, in-process with the hf backend
@@ -270,7 +237,6 @@ STAGE_LIST: tuple[Stage, ...] = (
         ),  # end tokens: keep_best=tau
         resumes=True,
         resume_note=f"resumes training from the last checkpoint in {TRAIN_STATE_FOLDER}/",
-        figures="eaglet.stage_bodies.figures:train",
         shown_files=(f"{DRAFT_FOLDER}/ (+ sglang,", "speculators exports)", LOSS_PLOT_FILE),
         read_later=(f"{DRAFT_FOLDER}/*",),  # not the timings, plot, state or other exports
         reads_online=("examples",),
@@ -286,7 +252,6 @@ STAGE_LIST: tuple[Stage, ...] = (
         reads=("draft", "prompts"),
         files=(REPORT_FILE,),
         keyed_by=("evaluate", *TARGET_PART_OF),
-        figures="eaglet.stage_bodies.figures:evaluate",
         shown_files=(ACCEPTANCE_PLOT_FILE,),
         holds_device=True,  # the target and the draft
         plug_ins=("method",),  # how the draft proposes tokens

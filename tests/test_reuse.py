@@ -19,7 +19,8 @@ from eaglet.hidden_states.backends.hf import HFBackend
 from eaglet.records.examples import Example
 from eaglet.stage_bodies.every_stage import run_stage_without_prefect
 from eaglet.stage_context import PlainContext
-from eaglet.stages import EXAMPLES_FILE, STAGE
+from eaglet.stage_reasons import REUSE_ESTIMATES
+from eaglet.stages import EXAMPLES_FILE
 from eaglet.storage import StageOutput, run_stage
 
 
@@ -91,7 +92,7 @@ def test_a_fix_that_changes_k_examples_recomputes_the_features_of_those_k_only(
     after = extract_folder(tmp_path / "work", examples(12, changed), "e2")
     key = stage_key("hidden_states", config, [after])  # what --plan reads before it runs
     folder = tmp_path / "work" / "hidden_states" / key
-    estimate = STAGE["hidden_states"].reuse(config, tmp_path / "work" / after.path, folder)
+    estimate = REUSE_ESTIMATES["hidden_states"](config, tmp_path / "work" / after.path, folder)
     assert estimate == (9, 3)
     lines: list[str] = []
     second = run_stage_without_prefect(

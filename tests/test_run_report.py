@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from eaglet.config import load_config
+from eaglet.report_figures import training_line
 from eaglet.run_report import (
     describe_partial,
     failure_entry,
@@ -17,7 +18,6 @@ from eaglet.run_report import (
     render_run_report,
     resume_command,
     start_run_record,
-    training_line,
     write_run_record,
     write_run_report,
 )
@@ -211,39 +211,28 @@ def test_a_resumable_stage_declares_what_a_rerun_keeps_and_the_report_says_it():
 
 
 def test_rewording_the_report_or_the_plan_never_changes_a_stages_code_hash():
-    """The modules a declaration names for its report figures and reuse estimate are in no
-    stage's code (`eaglet.cache.stage_modules`): a new sentence in the report re-runs nothing."""
+    """The modules of the report's figures and the plan's reuse estimates are in no stage's
+    code (`eaglet.cache.stage_modules`): a new sentence in the report re-runs nothing."""
     from eaglet.cache import stage_modules
-    from eaglet.stages import STAGE_LIST, STAGES
+    from eaglet.report_figures import FIGURES
+    from eaglet.stage_reasons import REUSE_ESTIMATES
+    from eaglet.stages import STAGES
 
-    named = {
-        target.partition(":")[0]
-        for spec in STAGE_LIST
-        for target in (spec.figures, spec.reuse_estimate)
-        if target
-    }
+    named = {f.__module__ for f in (*FIGURES.values(), *REUSE_ESTIMATES.values())}
     assert named
     for stage in STAGES:
         assert named.isdisjoint(stage_modules(stage)), stage
 
 
-def test_every_declared_figures_and_reuse_estimate_names_a_function():
-    """The declarations name them as `module:function` strings (a function would close an
-    import cycle: estimate -> reuse -> cache -> stages), so a renamed function fails here, not
-    in a user's run report or plan."""
-    import importlib
-    import inspect
+def test_every_figures_and_reuse_estimate_is_of_a_stage():
+    """Each is keyed by its stage's name: a renamed stage or function fails here, not in a
+    user's run report or plan."""
+    from eaglet.report_figures import FIGURES
+    from eaglet.stage_reasons import REUSE_ESTIMATES
+    from eaglet.stages import STAGES
 
-    from eaglet.stages import STAGE_LIST
-
-    for spec in STAGE_LIST:
-        for target in (spec.figures, spec.reuse_estimate):
-            if target:
-                module, _, name = target.partition(":")
-                assert inspect.isfunction(getattr(importlib.import_module(module), name, None)), (
-                    spec.name,
-                    target,
-                )
+    assert set(FIGURES) == set(STAGES)
+    assert set(REUSE_ESTIMATES) < set(STAGES)
 
 
 def test_the_report_says_why_each_stage_ran(tmp_path):

@@ -218,7 +218,7 @@ def test_a_new_stage_is_its_declaration_and_its_own_modules(
 
     project = copy_project(tmp_path / "project")
     stages_py = project / "eaglet" / "stages.py"
-    anchor = '        figures="eaglet.stage_bodies.figures:download",\n    ),\n'
+    anchor = '        keyed_by=("datasets",),\n    ),\n'
     assert stages_py.read_text().count(anchor) == 1
     stages_py.write_text(stages_py.read_text().replace(anchor, anchor + WORD_COUNT_STAGE))
     (project / "eaglet" / "stage_bodies" / "word_count.py").write_text(WORD_COUNT_BODY)

@@ -11,7 +11,7 @@ and draft on a short calibration: each server of `hidden_states.vllm.endpoints` 
 the best split of the same number of devices (SpecForge found 5+3 on H200 and 4+4 on B300 by
 hand). `eaglet doctor` prints `doctor_lines`; a finished run's train manifest holds the
 rates it saw (`eaglet.draft.ledger.throughput`), which the report shows
-(`eaglet.stage_bodies.figures.train`).
+(`eaglet.report_figures.train`).
 """
 
 from __future__ import annotations

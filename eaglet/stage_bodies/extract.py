@@ -11,7 +11,7 @@ from pathlib import Path
 from eaglet.config import PipelineConfig
 from eaglet.extract import check_quality_gate, write_examples
 from eaglet.reasoning import detect_format
-from eaglet.run_report import percent
+from eaglet.report_figures import percent
 from eaglet.stage_context import StageContext
 from eaglet.stages import (
     GENERATIONS_FILE,

@@ -12,7 +12,7 @@ from pathlib import Path
 from eaglet.draft.engine_check import rows_text
 from eaglet.draft.sampled import sampled_text
 from eaglet.draft.segments import segments_text
-from eaglet.run_report import percent, training_line
+from eaglet.report_figures import percent, training_line
 from eaglet.stages import STAGES
 from eaglet.work_dir_status import inspect_work_dir, is_work_dir, show_sample
 

@@ -1,19 +1,39 @@
 """The run report's key figures of each stage, read from its manifest (a dict): one function
-per stage, named in its declaration (`Stage.figures` in `eaglet.stages`).
+per stage, named as the stage (`FIGURES`), and the formats every report shares.
 
-Kept apart from the stage bodies: no body imports this module, so rewording a figure never
-changes a stage's code hash (`eaglet.cache`), as the run report's own module does not.
+Kept apart from the stage bodies, and out of every stage's code (`eaglet.cache.NOT_OUTPUT`):
+rewording a figure never changes a stage's code hash.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from eaglet.draft.methods.registry import DEFAULT_METHOD
 from eaglet.draft.sampled import sampled_text
 from eaglet.draft.segments import segments_text
-from eaglet.run_report import percent, training_line
 from eaglet.stages import REJECTED_FILE
+
+
+def percent(value: float | None) -> str:
+    """A share as `12.3%`, `n/a` when unknown (the one format of every report)."""
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def training_line(info: dict[str, Any]) -> str:
+    """Which hidden-states mode trained the draft and the disk its features took or saved."""
+    from eaglet.hidden_states.budget import human
+
+    if info.get("hidden_states_mode") == "online":
+        saved = info.get("feature_bytes_saved", 0)
+        storage = info.get("feature_bytes_saved_storage", "?")
+        line = f"online hidden states, 0 B stored ({human(saved)} of {storage} shards saved)"
+    else:
+        line = f"offline hidden states, {human(info.get('feature_bytes_stored', 0))} of shards"
+    if info.get("best_epoch") is not None:  # train.keep_best
+        line += f"; draft of epoch {info['best_epoch']:g} (lowest held-out loss)"
+    return line
 
 
 def download(manifest: dict[str, Any]) -> str:
@@ -95,3 +115,9 @@ def evaluate(manifest: dict[str, Any]) -> str:
     if info.get("sets"):
         text += "; sets: " + ", ".join(f"{n} τ {t:.3f}" for n, t in info["sets"].items())
     return text
+
+
+# A stage -> its key figures from its manifest (a stage with none shows none).
+FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
+    f.__name__: f for f in (download, tokenize, generate, extract, hidden_states, train, evaluate)
+}
