@@ -215,34 +215,26 @@ def task_module(stage: str) -> str:
     return f"eaglet_prefect.tasks.{stage}"
 
 
-# module -> {the sha256 of a source of it: the sha256 it is keyed as}: a source that writes what
-# an earlier one wrote, keyed as that one. Each entry is reviewed with the refactor that adds it
-# and holds for that exact source only (a test fails on an entry no file has any more).
-KEYED_AS: dict[str, dict[str, str]] = {
+# The sha256 of a module's source -> the sha256 it is keyed as: a source that writes what an
+# earlier one wrote, keyed as that one. Each entry is reviewed with the refactor that adds it
+# and holds for that exact source only (a test fails on an entry no module's source has).
+KEYED_AS: dict[str, str] = {
     # prefect_secret moved to eaglet_prefect/blocks.py, so that `eaglet doctor` reads a secret
-    # without a task module; generation_api_key takes the reading function (issue 50)
-    "eaglet_prefect.tasks.context": {
-        "d4f93467b20ed39cc9c7f8460c404ac4b531bcdf4839cc072e458a57c7930612":
-        "f1026f79259dda0228f27db94610d8a5d6e9e32cb31f17bfd3a827c582b03bf7",
-    },
-    "eaglet.stage_context": {
-        "e20b31724f2d08a747cbe7c3e821480e61ab4049f2e344e2863f7fdd70ee9a21":
-        "c34253e53612b4f5fdf98e99242e9f3f5838c22b8f15d23af3ca19bcd7f271bf",
-    },
-    "eaglet.stage_bodies.generate": {
-        "9e0b2859e9bd22cc058463e6dea291d10e59f3b9929d6ef05720ee8a704dc876":
-        "8b5a12abfc9f597bed2fb05bacb95f9e882f68d4c2cabdb137b1d07f7836fd2d",
-    },
+    # without a task module; generation_api_key takes the reading function (issue 50): in
+    # order, eaglet_prefect.tasks.context, eaglet.stage_context, eaglet.stage_bodies.generate
+    "d4f93467b20ed39cc9c7f8460c404ac4b531bcdf4839cc072e458a57c7930612":
+    "f1026f79259dda0228f27db94610d8a5d6e9e32cb31f17bfd3a827c582b03bf7",
+    "e20b31724f2d08a747cbe7c3e821480e61ab4049f2e344e2863f7fdd70ee9a21":
+    "c34253e53612b4f5fdf98e99242e9f3f5838c22b8f15d23af3ca19bcd7f271bf",
+    "9e0b2859e9bd22cc058463e6dea291d10e59f3b9929d6ef05720ee8a704dc876":
+    "8b5a12abfc9f597bed2fb05bacb95f9e882f68d4c2cabdb137b1d07f7836fd2d",
     # Figures and reuse estimates left the declaration for `FIGURES` and `REUSE_ESTIMATES`, and
-    # `percent` moved with the figures, out of the run report (issue 50)
-    "eaglet.stages": {
-        "f194e0cf084cf10805e141290cba5b7ad014fbfbf35873dd8fb7d55b7154238a":
-        "16cedb8b7d6f70996a04c1af87e16ab41e257a22e06371e3fddbc420ec58f56a",
-    },
-    "eaglet.stage_bodies.extract": {
-        "85f3bd07614df5ccfc8caeb17bbdfe52a0c408541381b88f6b589443a8e8d9ed":
-        "e7ac3feb7b3a6afd144ce45196e55e17464686d5ce0111d13c8be3274dc2d1d8",
-    },
+    # `percent` moved with the figures, out of the run report (issue 50): eaglet.stages,
+    # eaglet.stage_bodies.extract
+    "f194e0cf084cf10805e141290cba5b7ad014fbfbf35873dd8fb7d55b7154238a":
+    "16cedb8b7d6f70996a04c1af87e16ab41e257a22e06371e3fddbc420ec58f56a",
+    "85f3bd07614df5ccfc8caeb17bbdfe52a0c408541381b88f6b589443a8e8d9ed":
+    "e7ac3feb7b3a6afd144ce45196e55e17464686d5ce0111d13c8be3274dc2d1d8",
 }  # fmt: skip
 
 
@@ -252,7 +244,7 @@ def module_source_hash(module: str, root: Path = ROOT) -> str:
     if path is None:
         raise ModuleNotFoundError(f"{module} is not a module of this project: cannot hash it")
     source = sha256_file(path)
-    return KEYED_AS.get(module, {}).get(source, source)
+    return KEYED_AS.get(source, source)
 
 
 def code_modules(stage: str, config: PipelineConfig | None = None) -> dict[str, str]:
