@@ -221,20 +221,71 @@ def task_module(stage: str) -> str:
 KEYED_AS: dict[str, str] = {
     # prefect_secret moved to eaglet_prefect/blocks.py, so that `eaglet doctor` reads a secret
     # without a task module; generation_api_key takes the reading function (issue 50): in
-    # order, eaglet_prefect.tasks.context, eaglet.stage_context, eaglet.stage_bodies.generate
+    # order, eaglet_prefect.tasks.context, eaglet.stage_context, eaglet.stage_bodies.generate (and
+    # the last group's edits)
     "d4f93467b20ed39cc9c7f8460c404ac4b531bcdf4839cc072e458a57c7930612":
     "f1026f79259dda0228f27db94610d8a5d6e9e32cb31f17bfd3a827c582b03bf7",
     "e20b31724f2d08a747cbe7c3e821480e61ab4049f2e344e2863f7fdd70ee9a21":
     "c34253e53612b4f5fdf98e99242e9f3f5838c22b8f15d23af3ca19bcd7f271bf",
-    "9e0b2859e9bd22cc058463e6dea291d10e59f3b9929d6ef05720ee8a704dc876":
+    "025758059bb64761f232cf11e14c1da8c6208cc7cc045e710be0523449025f97":
     "8b5a12abfc9f597bed2fb05bacb95f9e882f68d4c2cabdb137b1d07f7836fd2d",
     # Figures and reuse estimates left the declaration for `FIGURES` and `REUSE_ESTIMATES`, and
     # `percent` moved with the figures, out of the run report (issue 50): eaglet.stages,
-    # eaglet.stage_bodies.extract
+    # eaglet.stage_bodies.extract (and the next group's edits)
     "f194e0cf084cf10805e141290cba5b7ad014fbfbf35873dd8fb7d55b7154238a":
     "16cedb8b7d6f70996a04c1af87e16ab41e257a22e06371e3fddbc420ec58f56a",
-    "85f3bd07614df5ccfc8caeb17bbdfe52a0c408541381b88f6b589443a8e8d9ed":
+    "9fec3a0f56be79dcdda9bd6f581ee4f6ca84f7af5b934e3e65ee3b437a4a4229":
     "e7ac3feb7b3a6afd144ce45196e55e17464686d5ce0111d13c8be3274dc2d1d8",
+    # Single-use helpers folded into their one caller, unused fields, parameters and properties
+    # removed, an import list on one line: the same records, files and messages (issue 50). In
+    # order: eaglet.cpu_threads, eaglet.draft.{checkpoint, engine_check, evaluate, heldout_tau,
+    # init_from, ledger, methods.block, methods.eagle3_exports, methods.loss, model_card, nodes,
+    # serving, train, vocab}, eaglet.engines.http, eaglet.generation, eaglet.hidden_states.stage,
+    # eaglet.shutdown, eaglet.stage_bodies.evaluate, eaglet.storage, eaglet.turns
+    "acfef8854e161395adf901a21425edefde5df0af7c03acf2bae976e9e45c2cdc":
+    "1adc98e86193d32fe35e167f7df2caf72f4be319fc5d612fb079c49d491fe024",
+    "3a49f5d169acb19cacacf732407a56704c81b2e6eb2e85ba5e84f84bbc9cae6b":
+    "56f2c3503e9ac4b4cabb277c8f8c7a76ba53abd779e7827688430dcddfbdd492",
+    "019cf693b14a6ea8fe9869011f6080237296498da10c6c3738693f3de006baf8":
+    "3df9d73c0188abf8ca95b219762bd64cc657278afdcccebaae7d6f4494e24362",
+    "4532a9cb1ecf20d760985350d1a89b6acd64d41231229a5681e8a6f1ef497b62":
+    "1635bee9d220a9ccad4822ad23022ccea2c69f93187b5a5d8858687c726b0ff8",
+    "7bd676e16a5efb6541fcbcc5a5afad05419d5e9463577c3c4d631eb4410a5ef8":
+    "d21fe7bf4b60a62aef0481094c96343c5cae14931dd887d8d267210890baa757",
+    "1dadb3545011c64249d0423c56d8a4dd3795082f0a05789c3166a0ab91d2682b":
+    "0f82e9ade6959bec2ac8a111d852b0fe2fb1443dc64c0efdad811200a99a8963",
+    "31b3dec804c652f942edcd67e4646e7f878f0b0a4312a516e2f751d2ebfdb497":
+    "da63c9ca37c767ff13e553a4753b1ec031487ab8c308ce0df2dba23b4388aa96",
+    "570c4c55846a0919991707ca405add5fe5798df5fc84b587613f194d657a39a8":
+    "98076a4811e8ad1dd6390e399e381a3cbc90a6bedd9aa4fa89fbd887bd42f246",
+    "b87302442842de0878692c7b515271550fb5cbe9b5bad2c885bebf7de9938ea5":
+    "af1e5efa0807537943dd1557511d729f6932663449cda29048a4c978a18e8cad",
+    "f808c98b472a5d0024a22d62bc9cd631e650b5a4c6c9aa82fded4fe91adca9ea":
+    "680fa050c9a6450f36b3102fb1fd55a754310b898468a189e5ecd86bcc9d7c55",
+    "4540caaf007ff791c484f110e1b2d302330838bcdf1257e4ae0529618d161dbe":
+    "a07fe955a4abafbc1f86b523f3314572bb40ab8a20de50cdb2a5e0aed115882a",
+    "104b97c31ddbb662725863f2cbd082494f57ba92058ff1c34cb4a729c39daeab":
+    "78f3aa0d217fadd56f97c3e38b7cd424101a742d4156d4163ba31aa1f3094f93",
+    "5664fa56e7e5bca50b39204666dad80c0a806daeed04546f0cb8b6201e02a203":
+    "fabfd5da631e1ccfaf2aa214d65b80c1d95ab666d6280563763cef6ef7aaba24",
+    "5c4f947604777e60f73edfc66f232a7c7386f0119008437fdc71d3eeb444f96d":
+    "612aad645458b47b2c599f707e6c028d31b039cc2a060d93b8880f5da0d02fc2",
+    "687881942c9f83b3c68ac8b618fd5eda5d777511bc54ed3f1b35aad34e053e32":
+    "ad2fb58c63124b77407d4dba8625bdf3c3caffea94371224a50074b6d7aa06e5",
+    "ce390a59ddbf597d7e6a6e8f1c7e4c8adad9f3b3a32288efa1ecdb9c23c27299":
+    "3dcf2a22f67ddb04302f23d4e536e57e6fcf3e81437b66f549dbbdcd110a7cc4",
+    "45e8d3bfbb61fe32561ce341da3b9cc7b4d494b6e2326f836b37fa516e9e94a9":
+    "7a6e89055e8626336267ac5839e47bf86c79a540715971ffe24165c0beed1d2e",
+    "f213d3d8528cefd0bb9bcee93c8ebf5c3f723618ac4a03f1e5c77986b4195ca0":
+    "07edc54d6cf0fc6bdc058233fe8d178ff47806d59531e4e07780a0a9aba74e45",
+    "a920ce64c9ea1fe4a7f7b4611e2561b55052c4e2d66abd2960e332bf4ac44d45":
+    "ab90a59e4d7ace4804d801367eaf0a4e912038e47081644b1b6f92d6d8f9d49e",
+    "17add4d55910a358f1a7ee92be5372f3bf702e141e601372a4b103ea09d9368b":
+    "3f5ece773f37277dafb2135e125e9b683273d7401365b9ee6420f68e0e424284",
+    "b295824b717026d7a4f89ce2ec261082b6aa563f1ea86d4f4060cb809bde3637":
+    "664a0935461341c14248114e3dc606ae217128a77418d18935c6cb7c38409d7d",
+    "64e0a4a816200d47dae7b8f04422c494f8ba3b894c524a7efcc2fb79cebdc39f":
+    "9244889caf2e9260526d64904718a4d0afaa3caeee18d2451e7f459f697f8bc0",
 }  # fmt: skip
 
 

@@ -222,14 +222,6 @@ class ThreadChoice:
     chosen: bool  # True: this module chose (False: an explicit setting it respected)
 
 
-def _explicit_env(environ) -> tuple[str, int] | None:
-    for var in THREAD_VARS:
-        value = (environ.get(var) or "").split(",")[0].strip()
-        if value.isdigit() and int(value) > 0:
-            return var, int(value)
-    return None
-
-
 def choose_threads(
     override: int | None = None,
     *,
@@ -254,9 +246,10 @@ def choose_threads(
     load = load or others_load
     if override:
         return ThreadChoice(override, f"train.threads={override}", False)
-    explicit = _explicit_env(environ)
-    if explicit:
-        return ThreadChoice(explicit[1], f"{explicit[0]}={explicit[1]}", False)
+    for var in THREAD_VARS:
+        value = (environ.get(var) or "").split(",")[0].strip()
+        if value.isdigit() and int(value) > 0:
+            return ThreadChoice(int(value), f"{var}={int(value)}", False)
     cpus = affinity()
     usable, why = cpus, [f"{cpus} CPUs in the affinity mask"]
     limit = quota()
@@ -355,10 +348,7 @@ def _plural(threads: int) -> str:
 
 
 def apply_threads(
-    stage: str,
-    override: int | None = None,
-    report: Callable[[str], None] | None = None,
-    **readers,
+    stage: str, override: int | None = None, report: Callable[[str], None] | None = None, **readers
 ) -> ThreadChoice:
     """Choose (`choose_threads`; `readers` replace its readers) and set torch's intra-op
     threads in the calling thread (and as torch's default for threads started later); log one
@@ -442,10 +432,6 @@ def between_steps(optimizer: object | None = None) -> int | None:
     return choice.threads
 
 
-def _step_hook(optimizer, args, kwargs) -> None:
-    between_steps(optimizer)
-
-
 def _install_step_hook() -> None:
     """Once per process: `between_steps` after every torch optimizer step (in the stepping
     thread; nothing happens in a thread without a watch)."""
@@ -454,5 +440,5 @@ def _install_step_hook() -> None:
         if not _hook_installed:
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
-            register_optimizer_step_post_hook(_step_hook)
+            register_optimizer_step_post_hook(lambda optimizer, *_: between_steps(optimizer))
             _hook_installed = True

@@ -30,7 +30,7 @@ from typing import IO, Any, TypeVar
 from eaglet.errors import is_transient_status
 from eaglet.progress import Throttle
 from eaglet.records.generations import Generation
-from eaglet.records.io import Record, Repair, record_line, repair_and_read_ids, repair_jsonl
+from eaglet.records.io import Record, record_line, repair_and_read_ids, repair_jsonl
 from eaglet.records.prompts import Prompt
 
 T = TypeVar("T")
@@ -148,13 +148,11 @@ class GenerationSummary:
         }
 
 
-def read_failed_ids(path: Path) -> set[str]:
-    """Ids listed in a failures file (torn or unreadable lines are ignored)."""
-    return repair_and_read_ids(path) if path.exists() else set()
-
-
 async def _records_of(engine: Any, prompts: list[Prompt]) -> AsyncIterator[Generation | Failure]:
-    """The engine's async stream, or its sync `generate` run in a worker thread."""
+    """The engine's async stream, or its sync `generate` run in a worker thread; nothing (the
+    engine untouched) for no prompts."""
+    if not prompts:
+        return
     if hasattr(engine, "generate_async"):
         stream = engine.generate_async(prompts)
         try:
@@ -221,38 +219,6 @@ class _ProgressReporter:
         await asyncio.to_thread(self.callback, progress)
 
 
-def _unique_prompts(prompts: Iterable[Prompt]) -> dict[str, Prompt]:
-    """The prompts by sample id, the first of each id kept, in order."""
-    unique: dict[str, Prompt] = {}
-    for prompt in prompts:
-        unique.setdefault(prompt.sample_id, prompt)
-    return unique
-
-
-def _starting_summary(
-    unique: dict[str, Prompt],
-    repair: Repair,
-    previous_failures: set[str],
-    out_path: Path,
-    failed_path: Path,
-) -> GenerationSummary:
-    """The summary before the first request: what the files already hold, nothing written."""
-    done_ids = repair.ids
-    return GenerationSummary(
-        total=len(unique),
-        already_done=len(done_ids & unique.keys()),
-        written=0,
-        failed=0,
-        truncated=0,
-        output_tokens=0,
-        elapsed_s=0.0,
-        retried_failures=len(previous_failures - done_ids),
-        out_path=str(out_path),
-        failed_path=str(failed_path),
-        set_aside_lines=len(repair.set_aside),
-    )
-
-
 def _progress_of(summary: GenerationSummary, started: float) -> GenerationProgress:
     """The progress so far of a run that started at `started` (a `time.monotonic()` value)."""
     elapsed = time.monotonic() - started
@@ -295,41 +261,29 @@ class _RecordWriter:
         self.limit = limit  # failures allowed before the run stops, None for no limit
         self.last_sync = time.monotonic()
 
-    def expects(self, item: Generation | Failure) -> bool:
-        """True for an id asked for and not answered yet."""
-        return item.sample_id in self.pending_ids
-
     def write(self, item: Generation | Failure) -> bool:
         """Write and count `item`; False once the failures are over the limit (stop)."""
         self.pending_ids.discard(item.sample_id)
         if isinstance(item, Failure):
             _append_line(self.failed, item)
-            self._count_failure(item)
+            self.summary.failed += 1
+            self.summary.transient_failures += is_transient_status(item.status)
+            if len(self.summary.failure_examples) < 3:  # the first few kept as examples
+                self.summary.failure_examples.append(item)
             if self.limit is not None and self.summary.failed > self.limit:
                 self.summary.stopped_early = True
                 return False
         else:
             _append_line(self.out, item)
-            self._count_generation(item)
+            reasons = self.summary.finish_reasons
+            self.summary.written += 1
+            self.summary.output_tokens += len(item.output_ids)
+            self.summary.truncated += item.finish_reason == "length"
+            reasons[item.finish_reason] = reasons.get(item.finish_reason, 0) + 1
         if time.monotonic() - self.last_sync > FSYNC_EVERY_S:
             os.fsync(self.out.fileno())
             self.last_sync = time.monotonic()
         return True
-
-    def _count_failure(self, item: Failure) -> None:
-        """Count a failure in the summary (the first few kept as examples)."""
-        self.summary.failed += 1
-        self.summary.transient_failures += is_transient_status(item.status)
-        if len(self.summary.failure_examples) < 3:
-            self.summary.failure_examples.append(item)
-
-    def _count_generation(self, item: Generation) -> None:
-        """Count a record in the summary: its output tokens and finish reason."""
-        reasons = self.summary.finish_reasons
-        self.summary.written += 1
-        self.summary.output_tokens += len(item.output_ids)
-        self.summary.truncated += item.finish_reason == "length"
-        reasons[item.finish_reason] = reasons.get(item.finish_reason, 0) + 1
 
     def sync(self) -> None:
         """Flush and fsync both files (the end of a run, however it ends)."""
@@ -360,10 +314,24 @@ async def run_generation(
     out_path, failed_path = Path(out_path), Path(failed_path)
     started = time.monotonic()
     repair = repair_jsonl(out_path)  # unreadable lines set aside, never dropped
-    previous_failures = read_failed_ids(failed_path)
-    unique = _unique_prompts(prompts)
+    previous_failures = repair_and_read_ids(failed_path)
+    unique: dict[str, Prompt] = {}  # by sample id, the first of each id kept, in order
+    for prompt in prompts:
+        unique.setdefault(prompt.sample_id, prompt)
     todo = [p for sid, p in unique.items() if sid not in repair.ids]
-    summary = _starting_summary(unique, repair, previous_failures, out_path, failed_path)
+    summary = GenerationSummary(  # before the first request: what the files already hold
+        total=len(unique),
+        already_done=len(repair.ids & unique.keys()),
+        written=0,
+        failed=0,
+        truncated=0,
+        output_tokens=0,
+        elapsed_s=0.0,
+        retried_failures=len(previous_failures - repair.ids),
+        out_path=str(out_path),
+        failed_path=str(failed_path),
+        set_aside_lines=len(repair.set_aside),
+    )
     reporter = _ProgressReporter(progress)
     snapshot = functools.partial(_progress_of, summary, started)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -374,28 +342,22 @@ async def run_generation(
         open(failed_path, "a" if append_failures else "w") as failed,
     ):
         writer = _RecordWriter(out, failed, summary, {p.sample_id for p in todo}, limit)
-        stream = _records_of(engine, todo) if todo else None
+        stream = _records_of(engine, todo)
         try:
-            async for item in stream or _nothing():
-                if not writer.expects(item):
+            async for item in stream:
+                if item.sample_id not in writer.pending_ids:
                     continue  # an engine answering twice, or an id we never asked for
                 if not writer.write(item):
                     break  # more prompts failed than max_failure_fraction allows
                 reporter.maybe(snapshot)
         finally:
-            if stream is not None:
-                await stream.aclose()
+            await stream.aclose()
             writer.sync()
     summary.elapsed_s = time.monotonic() - started
     await reporter.final(snapshot())
     if summary.stopped_early:
         raise TooManyFailuresError(summary, max_failure_fraction or 0.0)
     return summary
-
-
-async def _nothing() -> AsyncIterator[Any]:
-    return
-    yield  # an async generator that yields nothing
 
 
 def run_generation_sync(

@@ -266,10 +266,8 @@ def _exit_now(signum: int, note: str) -> None:
     """Kill every descendant, print the message, exit (128 + the first signal's number)."""
     first = _state.signum if _state.signum is not None else signum
     _signal_all(descendants(), signal.SIGKILL)
-    try:
+    with contextlib.suppress(OSError):
         os.write(2, (message(first, _state.stage, note) + "\n").encode())
-    except OSError:
-        pass
     _state.exit(exit_code(first))
 
 
@@ -293,11 +291,9 @@ def _arm_watchdog() -> None:
 
     threading.Thread(target=watchdog, name="eaglet-shutdown-watchdog", daemon=True).start()
     if _state.backstop_s is not None:
-        try:
+        with contextlib.suppress(ValueError, OSError):
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
             signal.setitimer(signal.ITIMER_REAL, _state.backstop_s)
-        except (ValueError, OSError):
-            pass
 
 
 def _start_grace_timer() -> None:
@@ -398,7 +394,5 @@ def _alive(pid: int) -> bool:
 
 def _signal_all(pids: list[int], signum: int) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, signum)
-        except OSError:
-            pass

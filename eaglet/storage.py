@@ -247,19 +247,14 @@ def stage_dir(work_dir: str | Path, manifest: Manifest | dict[str, Any]) -> Path
     return stage_folder(Path(work_dir), manifest["stage"], manifest["key"])
 
 
-def verify_mode(mode: str | None = None) -> str:
-    mode = mode or os.environ.get(VERIFY_ENV) or "auto"
-    if mode not in VERIFY_MODES:
-        raise ValueError(f"{VERIFY_ENV}={mode!r}: use one of {', '.join(VERIFY_MODES)}")
-    return mode
-
-
 def verify_files(folder: Path, manifest: Manifest, mode: str | None = None) -> list[str]:
     """What differs between a complete stage folder and its manifest, one line per file:
     missing, another size, another sha256 (hashed when `mode` is "full", or "auto" and the
     file is at most HASH_LIMIT_BYTES, up to HASH_BUDGET_BYTES per folder). Empty when the
     folder holds what its manifest says."""
-    mode = verify_mode(mode)
+    mode = mode or os.environ.get(VERIFY_ENV) or "auto"
+    if mode not in VERIFY_MODES:
+        raise ValueError(f"{VERIFY_ENV}={mode!r}: use one of {', '.join(VERIFY_MODES)}")
     problems = []
     hashed = 0
     for name, entry in sorted(manifest.files.items()):
@@ -282,16 +277,6 @@ def verify_files(folder: Path, manifest: Manifest, mode: str | None = None) -> l
     return problems
 
 
-def corrupt_stage_message(stage: str, folder: Path, problems: list[str]) -> str:
-    shown = "\n  ".join(problems[:20])
-    more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-    return (
-        f"the complete {stage} folder {folder} does not hold what its manifest says:\n  "
-        f"{shown}{more}\nrerun with --refresh-from {stage} to rebuild it (the folder is set "
-        "aside, not deleted)"
-    )
-
-
 def check_stage_folder(folder: Path, mode: str | None = None) -> Manifest | None:
     """The manifest of a complete stage folder whose files match it; None when the folder is
     not complete. Raises `ManifestError` or `StageCorruptError` (naming every file that
@@ -301,7 +286,13 @@ def check_stage_folder(folder: Path, mode: str | None = None) -> Manifest | None
         return None
     problems = verify_files(folder, manifest, mode)
     if problems:
-        raise StageCorruptError(corrupt_stage_message(manifest.stage, Path(folder), problems))
+        shown = "\n  ".join(problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise StageCorruptError(
+            f"the complete {manifest.stage} folder {Path(folder)} does not hold what its "
+            f"manifest says:\n  {shown}{more}\nrerun with --refresh-from {manifest.stage} to "
+            "rebuild it (the folder is set aside, not deleted)"
+        )
     return manifest
 
 

@@ -19,16 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from eaglet.config import PipelineConfig
-from eaglet.generation import (
-    GenerationProgress,
-    GenerationSummary,
-    read_failed_ids,
-    run_generation,
-    run_sync,
-)
+from eaglet.generation import GenerationProgress, GenerationSummary, run_generation, run_sync
 from eaglet.reasoning import ReasoningFormat, detect_format
 from eaglet.records.generations import Generation
-from eaglet.records.io import read_jsonl, write_jsonl
+from eaglet.records.io import read_jsonl, repair_and_read_ids, write_jsonl
 from eaglet.records.prompts import TURN_SEPARATOR, Prompt, conversation_id
 from eaglet.sampling_plan import template_kwargs
 from eaglet.stages import FAILED_FILE, GENERATIONS_FILE, TURN_PROMPTS_FILE
@@ -123,7 +117,7 @@ async def run_turn_by_turn_generation(
             append_failures=round_number > 1,
         )
         total = _merge(total, summary)
-        failed_ids |= read_failed_ids(failed_path)
+        failed_ids |= repair_and_read_ids(failed_path)
         records = {g.sample_id: g for g in read_jsonl(out_path, Generation)}
         round_prompts = []
         for prompt in known.values():

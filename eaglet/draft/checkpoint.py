@@ -64,36 +64,27 @@ def save_training_state(
     """model.safetensors, optimizer.safetensors (+ groups in meta), rng.safetensors, vocab.json,
     state.json (`meta` plus optimizer param groups)."""
     with atomic_folder(Path(state_dir)) as tmp:
-        _write_training_state(tmp, model, optimizer, vocab, meta)
+        save_tensors(module_tensors(model), tmp / "model.safetensors")
 
+        opt = optimizer.state_dict()
+        opt_tensors, opt_scalars = {}, {}
+        for idx, per_param in opt["state"].items():
+            for key, value in per_param.items():
+                if torch.is_tensor(value):
+                    opt_tensors[f"{idx}.{key}"] = value.detach().cpu().contiguous()
+                else:
+                    opt_scalars[f"{idx}.{key}"] = value
+        save_tensors(opt_tensors, tmp / "optimizer.safetensors")
 
-def _write_training_state(
-    tmp: Path,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    vocab: DraftVocab,
-    meta: dict,
-) -> None:
-    save_tensors(module_tensors(model), tmp / "model.safetensors")
+        rng = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng.update({f"cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+        save_tensors(rng, tmp / "rng.safetensors")
 
-    opt = optimizer.state_dict()
-    opt_tensors, opt_scalars = {}, {}
-    for idx, per_param in opt["state"].items():
-        for key, value in per_param.items():
-            if torch.is_tensor(value):
-                opt_tensors[f"{idx}.{key}"] = value.detach().cpu().contiguous()
-            else:
-                opt_scalars[f"{idx}.{key}"] = value
-    save_tensors(opt_tensors, tmp / "optimizer.safetensors")
-
-    rng = {"cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng.update({f"cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-    save_tensors(rng, tmp / "rng.safetensors")
-
-    vocab.save(tmp / "vocab.json")
-    state = dict(meta, optimizer_param_groups=opt["param_groups"], optimizer_scalars=opt_scalars)
-    (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+        vocab.save(tmp / "vocab.json")
+        groups = opt["param_groups"]
+        state = dict(meta, optimizer_param_groups=groups, optimizer_scalars=opt_scalars)
+        (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
 
 
 def load_training_state(
@@ -105,10 +96,8 @@ def load_training_state(
     model.load_state_dict(load_file(str(state_dir / "model.safetensors")), strict=True)
 
     per_param: dict[int, dict] = {}
-    for name, value in load_file(str(state_dir / "optimizer.safetensors")).items():
-        idx, key = name.split(".", 1)
-        per_param.setdefault(int(idx), {})[key] = value  # load_state_dict moves it to the params
-    for name, value in state.pop("optimizer_scalars").items():
+    tensors = load_file(str(state_dir / "optimizer.safetensors"))  # moved to the params on load
+    for name, value in {**tensors, **state.pop("optimizer_scalars")}.items():
         idx, key = name.split(".", 1)
         per_param.setdefault(int(idx), {})[key] = value
     groups = state.pop("optimizer_param_groups")

@@ -30,6 +30,7 @@ served check fills it, with `served_tau` and `offline_tau`), `problems`.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -123,10 +124,11 @@ def vllm_parse(
     ]  # fmt: skip
     # -I: the script's folder (eaglet/draft, whose module names shadow packages) off sys.path
     command = [python, "-I", str(PARSE_SCRIPT), json.dumps({"args": args})]
+    # VLLM_TARGET_DEVICE: the CPU build reads it, a GPU build ignores it
+    env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", **os.environ}
     try:
         done = subprocess.run(
-            command, capture_output=True, text=True, timeout=PARSE_TIMEOUT_S, cwd=cwd,
-            env=_vllm_env(),
+            command, capture_output=True, text=True, timeout=PARSE_TIMEOUT_S, cwd=cwd, env=env,
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as error:
         return {"parsed": False, "error": f"{type(error).__name__}: {error}"}
@@ -136,15 +138,6 @@ def vllm_parse(
             return result
     tail = (done.stdout + done.stderr)[-1500:]
     return {"parsed": False, "error": f"exit {done.returncode}, no result: {tail}"}
-
-
-def _vllm_env() -> dict[str, str]:
-    import os
-
-    env = dict(os.environ)
-    env.setdefault("VLLM_TARGET_DEVICE", "cpu")  # the CPU build reads it; a GPU build ignores it
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    return env
 
 
 def check_exports(

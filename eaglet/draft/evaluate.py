@@ -43,11 +43,7 @@ from eaglet.draft import rejection
 from eaglet.draft.methods import DEFAULT_METHOD, draft_method, method_of_draft
 from eaglet.draft.rejection import Sampling
 from eaglet.draft.sampled import DRAFT_SAMPLING
-from eaglet.draft.segments import (
-    segment_rounds,
-    segment_stats,
-    token_segments,
-)
+from eaglet.draft.segments import segment_rounds, segment_stats, token_segments
 from eaglet.draft.serving import check_gap, emitted_tau, measure_served
 from eaglet.errors import NonFiniteError
 from eaglet.reasoning import ReasoningFormat
@@ -56,16 +52,12 @@ from eaglet.storage import write_json_atomic
 from eaglet.target import load_model
 
 
-def as_target_config(target: TargetConfig | Path | str, device: str | None = None) -> TargetConfig:
-    """A `TargetConfig` (a bare model folder means float32 on `device`, default auto)."""
-    if isinstance(target, TargetConfig):
-        return target if device is None else target.model_copy(update={"device": device})
-    return TargetConfig(model=str(target), dtype="float32", device=device or "auto")
-
-
 def load_target(target: TargetConfig | Path | str, device: str | None = None):
-    """The target model for evaluation, through `eaglet.target.load_model`."""
-    return load_model(as_target_config(target, device))
+    """The target model for evaluation, through `eaglet.target.load_model` (a bare model folder
+    means float32 on `device`, default auto)."""
+    if not isinstance(target, TargetConfig):
+        return load_model(TargetConfig(model=str(target), dtype="float32", device=device or "auto"))
+    return load_model(target if device is None else target.model_copy(update={"device": device}))
 
 
 def default_eos_ids(target) -> list[int]:
@@ -347,15 +339,6 @@ class EvaluationProgress:
         return lambda update: self.step(name, update["tau"])
 
 
-def _check_window(draft_dir: Path, window: int | None, longest: int) -> None:
-    """Refuse a draft whose sliding window the evaluation would exceed (not applied here)."""
-    if window is not None and longest > window:
-        raise ValueError(
-            f"{draft_dir}: the draft attends within a sliding window of {window} tokens, which "
-            f"eaglet's evaluator does not apply, and the evaluation reaches {longest} tokens"
-        )
-
-
 def _greedy_references(
     model,  # the target (a transformers causal LM)
     prompts: list[list[int]],
@@ -432,7 +415,12 @@ def evaluate_draft(
     trained, config = method.load(Path(draft_dir))
     num_speculative_tokens = method.evaluation_k(config, num_speculative_tokens)
     longest = max(len(p) for p in prompts) + max_new_tokens + num_speculative_tokens
-    _check_window(draft_dir, getattr(trained.config, "sliding_window", None), longest)
+    window = getattr(trained.config, "sliding_window", None)
+    if window is not None and longest > window:
+        raise ValueError(
+            f"{draft_dir}: the draft attends within a sliding window of {window} tokens, which "
+            f"eaglet's evaluator does not apply, and the evaluation reaches {longest} tokens"
+        )
     model = load_target(target, device)
     aux_ids = resolve_aux_ids(config, aux_layer_ids, Path(draft_dir) / "config.json")
     eos = set(default_eos_ids(model) if eos_token_ids is None else eos_token_ids)
@@ -572,9 +560,7 @@ def evaluation_report(
     `log`). A gap above `settings.max_serving_gap` raises `ServingGapError` after the report
     is written; sampled, the served tau is compared with the offline expected tau (the same
     mean, less noise)."""
-    sampling = None
-    if settings.temperature > 0:
-        sampling = Sampling(settings.temperature, settings.top_p)
+    sampling = Sampling(settings.temperature, settings.top_p) if settings.temperature > 0 else None
     trained = evaluate_draft(
         draft_dir, target, prompts, num_speculative_tokens=settings.num_speculative_tokens,
         max_new_tokens=settings.max_new_tokens, eos_token_ids=eos_token_ids,

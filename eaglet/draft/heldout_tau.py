@@ -42,7 +42,6 @@ class HeldoutTau:
         k: int,
         max_new_tokens: int,
         trained_ids: list[int],
-        convention: str,
     ):
         self.prompts = heldout_prompts(data, prompts)
         if not self.prompts:
@@ -52,8 +51,7 @@ class HeldoutTau:
         self.eos = set(
             default_eos_ids(self.target) or end_token_ids(target, load_tokenizer(target))
         )
-        self.k, self.max_new_tokens = k, max_new_tokens
-        self.trained_ids, self.convention = trained_ids, convention
+        self.k, self.max_new_tokens, self.trained_ids = k, max_new_tokens, trained_ids
 
     def __call__(self, draft) -> float:
         report = evaluate_loaded(

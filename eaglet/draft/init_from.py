@@ -54,7 +54,6 @@ class StartingDraftError(ValueError):
 class StartingDraft:
     folder: Path
     format: str  # "eaglet", "speculators" or "vllm"
-    raw: dict  # its config.json
     config: Eagle3Config
     aux_layer_ids: list[int]  # in vLLM's convention (HF hidden_states[i])
     ids_said: str  # where the ids came from, for messages
@@ -68,18 +67,14 @@ def draft_format(raw: dict) -> str:
     return "vllm"
 
 
-def _named_ids(raw: dict) -> list[int] | None:
+def layer_ids(raw: dict, convention: str, num_layers: int) -> tuple[list[int], str]:
+    """The draft's layer ids in vLLM's convention, and where they came from."""
     ids = raw.get("eagle_aux_hidden_state_layer_ids") or raw.get("eagle_config", {}).get(
         "eagle_aux_hidden_state_layer_ids"
     )
-    return [int(i) for i in ids] if ids else None
-
-
-def layer_ids(raw: dict, convention: str, num_layers: int) -> tuple[list[int], str]:
-    """The draft's layer ids in vLLM's convention, and where they came from."""
-    named, kind = _named_ids(raw), draft_format(raw)
-    if named is None:
+    if not ids:
         return default_aux_layer_ids(num_layers), "EAGLE-3's default (it names none)"
+    named, kind = [int(i) for i in ids], draft_format(raw)
     if kind != "vllm":  # eaglet's label, or speculators' (vLLM's) convention: as evaluation reads
         said = "eaglet's label" if kind == "eaglet" else "speculators' format: vLLM's convention"
         try:
@@ -116,7 +111,7 @@ def read_starting_draft(
         ids, said = layer_ids(raw, convention, num_layers or 0)
     except StartingDraftError as exc:
         raise StartingDraftError(f"{SETTING} {path}: {exc}") from None
-    return StartingDraft(folder, draft_format(raw), raw, config, ids, said)
+    return StartingDraft(folder, draft_format(raw), config, ids, said)
 
 
 def problems(start: StartingDraft, target: dict[str, Any], aux_layer_ids: list[int]) -> list[str]:
@@ -200,10 +195,9 @@ def with_vocab(draft: Eagle3Draft, vocab: DraftVocab, target_lm_head: torch.Tens
     row_of = {token: row for row, token in enumerate(old.token_ids)}
     kept = [row_of[t] for t in vocab.token_ids if t in row_of]
     at = [i for i, t in enumerate(vocab.token_ids) if t in row_of]
-    with torch.no_grad():
-        weight[at] = draft.lm_head.weight[kept]
     grown.lm_head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     with torch.no_grad():
+        weight[at] = draft.lm_head.weight[kept]
         grown.lm_head.weight.copy_(weight)
     grown.register_buffer("d2t", vocab.d2t.to(draft.d2t.device))
     grown.register_buffer("t2d", vocab.t2d.to(draft.t2d.device))

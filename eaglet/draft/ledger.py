@@ -73,7 +73,7 @@ def throughput(world: int, mine: dict) -> dict | None:
         s["samples_per_s"] = s["samples"] / max(s["busy_s"], 1e-9)
     waited = sum(r["wait_s"] for r in ranks)
     stepping = sum(r["compute_s"] + r["wait_s"] for r in ranks)
-    served = bool(servers)
+    bound = "capture" if waited > CAPTURE_BOUND_WAIT * stepping else "training"
     return {
         "ranks": [
             {
@@ -86,11 +86,5 @@ def throughput(world: int, mine: dict) -> dict | None:
         ],
         "servers": servers,
         "wait_share": waited / max(stepping, 1e-9),
-        "bound": (
-            None
-            if not served
-            else "capture"
-            if waited > CAPTURE_BOUND_WAIT * stepping
-            else "training"
-        ),
+        "bound": bound if servers else None,
     }

@@ -86,10 +86,7 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 
 def model_card(
-    export: str,
-    folder_name: str,
-    report: dict[str, Any],
-    records: dict[str, Any],
+    export: str, folder_name: str, report: dict[str, Any], records: dict[str, Any]
 ) -> str:
     """The card of the export `export` (in `folder_name`), from the evaluation's `report`
     (report.json) and `records`: `target` (model, revision, fingerprint), `manifests` (stage
@@ -263,12 +260,11 @@ def model_card(
 def data_lines(manifests: dict[str, Any]) -> list[str]:
     """The training data: sources, revisions and content hashes, counts, rejected rows, the
     generation's sampling (what the records hold; a stage not found is said to be missing)."""
-    lines: list[str] = []
     download = manifests.get(PRODUCER["samples"])
     if download is None:
         return ["The download stage's record was not found in the work dir."]
     per_source = download["info"].get("per_source", {})
-    lines += _table(
+    lines = _table(
         ["source", "split", "revision", "limit", "content sha256", "rows"],
         [
             [d.get("source"), d.get("split"), d.get("revision"), d.get("limit"),

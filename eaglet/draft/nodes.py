@@ -96,19 +96,12 @@ def torchrun_command(job: TrainJob, rdzv_id: str | None = None) -> list[str]:
             f"--rdzv-conf=join_timeout={int(train.rdzv_timeout_s)}",
             "--max-restarts=0",
         ]
-    return [
-        *command,
-        f"--nproc-per-node={train.nproc_per_node}",
-        "-m",
-        "eaglet.draft.train_worker",
-        str(job.path),
-    ]
+    command += [f"--nproc-per-node={train.nproc_per_node}", "-m", "eaglet.draft.train_worker"]
+    return command + [str(job.path)]
 
 
 def follow(
-    work_dir: Path,
-    threads: Callable[[TrainJob], int],
-    log_line: Callable[[str], None] = print,
+    work_dir: Path, threads: Callable[[TrainJob], int], log_line: Callable[[str], None] = print
 ) -> int:
     """Join each training round the run holding `work_dir` announces, until that run ends;
     0 when every round joined ended well (or none was needed), else 1. `threads(job)` is each

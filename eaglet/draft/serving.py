@@ -306,7 +306,7 @@ def measure_served(
     command = vllm_command(
         settings.vllm_python, target, draft_dir, k, free_port(), max_model_len, settings.vllm_args
     )
-    ks = calibration_ks(settings, k) if settings.calibrates else []
+    ks = (settings.calibration_k or list(range(1, k + 1))) if settings.calibrates else []
     servers = 1 + bool(settings.speedup_concurrency) + (len(set(ks) - {k}) + 1 if ks else 0)
     with Steps("served check", servers, log) as steps:
         steps.start(f"vLLM with the draft at k={k}")
@@ -333,11 +333,6 @@ def measure_served(
                 {k: with_draft}, without, ks, steps,
             )  # fmt: skip
     return served
-
-
-def calibration_ks(settings: EvaluateConfig, evaluated: int) -> list[int]:
-    """The k values the calibration serves: `calibration_k`, or 1 to the evaluated k."""
-    return settings.calibration_k or list(range(1, evaluated + 1))
 
 
 def _rates(rows: dict[int, dict]) -> list[str]:

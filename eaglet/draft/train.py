@@ -43,12 +43,7 @@ from eaglet.cpu_threads import apply_threads
 from eaglet.draft import ledger
 from eaglet.draft.checkpoint import load_training_state, save_training_state
 from eaglet.draft.heldout_tau import HeldoutTau
-from eaglet.draft.init_from import (
-    grown_vocab,
-    load_starting_draft,
-    read_starting_draft,
-    with_vocab,
-)
+from eaglet.draft.init_from import grown_vocab, load_starting_draft, read_starting_draft, with_vocab
 from eaglet.draft.methods import DEFAULT_METHOD, draft_method
 from eaglet.draft.methods.base import DraftMethod, TrainingView
 from eaglet.draft.optimizer import make_optimizer
@@ -74,10 +69,7 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def plot_loss(
-    metrics: list[dict],
-    path: Path,
-    heldout: list[dict] | None = None,
-    method: str = DEFAULT_METHOD,
+    metrics: list[dict], path: Path, heldout: list[dict] | None = None, method: str = DEFAULT_METHOD
 ) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -476,9 +468,8 @@ def train_step(run: Run, indices: list[int]) -> dict:
     for b in pieces:
         for i in range(run.positions):
             counts[i] += run.method.counted(i, b).sum()
-    sums = torch.zeros(
-        3, run.positions, dtype=torch.float64, device=run.device
-    )  # loss, hits, tokens
+    # loss, hits, tokens
+    sums = torch.zeros(3, run.positions, dtype=torch.float64, device=run.device)
     if run.world > 1:
         dist.all_reduce(counts)
     denominators = counts.tolist()
@@ -567,12 +558,10 @@ def report(run: Run, record: dict, progress: Callable[[dict], None] | None) -> N
     if run.rank == 0:
         with run.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
-    queue = record.get("queue")
-    fill = (
-        f" queue {queue['fill']:.1f}/{queue['size']}, waited {queue['wait_s']:.1f} s"
-        if queue
-        else ""
-    )  # a queue that stays empty while the trainer waits: the capture servers bound the run
+    # a queue that stays empty while the trainer waits: the capture servers bound the run
+    queue, fill = record.get("queue"), ""
+    if queue:
+        fill = f" queue {queue['fill']:.1f}/{queue['size']}, waited {queue['wait_s']:.1f} s"
     log.info(
         "step %d/%d loss %.4f acc %s %.0f tok/s ETA %.0f s%s",
         run.step,
@@ -759,7 +748,7 @@ def train_draft(
     if config.keep_best == "tau" and run.rank == 0:
         run.heldout_tau = HeldoutTau(
             target, heldout, config.keep_best_prompts, run.positions,
-            config.keep_best_max_new_tokens, aux_layer_ids, aux_layer_convention,
+            config.keep_best_max_new_tokens, aux_layer_ids,
         )  # fmt: skip
     if hasattr(data, "start_prefetch"):  # a served online source streams features ahead
         data.start_prefetch(plan(run))

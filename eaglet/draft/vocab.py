@@ -9,7 +9,7 @@ maps vLLM/SGLang read from the checkpoint - `d2t` (int64 [Vd], d2t[i] = target_i
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -40,16 +40,8 @@ class DraftVocab:
         t2d[self.ids] = True
         return t2d
 
-    def to_json(self) -> dict:
-        return {
-            "token_ids": list(self.token_ids),
-            "target_vocab_size": self.target_vocab_size,
-            "coverage": self.coverage,
-            "counted_tokens": self.counted_tokens,
-        }
-
     def save(self, path: Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json()))
+        Path(path).write_text(json.dumps(asdict(self)))
 
     @classmethod
     def load(cls, path: Path) -> DraftVocab:

@@ -40,7 +40,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any, ClassVar, TypeVar
 
 from eaglet.config import PipelineConfig
@@ -63,12 +62,6 @@ MESSAGE_CHARS = 500  # server messages kept in a Failure
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-def http_module(name: str | None = None) -> ModuleType:
-    """The httpx-API module the clients use: httpx2 unless `name` says otherwise (the
-    benchmark compares it with httpx)."""
-    return importlib.import_module(name or "httpx2")
 
 
 class MalformedResponse(ValueError):
@@ -170,9 +163,6 @@ class Endpoint:
     def client(self) -> Any:
         return self.clients[0]
 
-    def least_busy_client(self) -> int:
-        return self.loads.index(min(self.loads))
-
 
 @dataclass
 class EndpointPool:
@@ -251,7 +241,7 @@ class HTTPEngine:
         if not gen.endpoints:
             raise ValueError("generation.endpoints is empty: list at least one server URL")
         self._api_key = self.api_key or read_api_key(gen.api_key_env)
-        self.http = http_module(self.http_library)
+        self.http = importlib.import_module(self.http_library or "httpx2")  # httpx's API
         self.retry = RetryPolicy(gen.max_retries, gen.retry_backoff_s)
         self.params = SamplingParams.from_generation(gen)
         if self.end_ids is None:
@@ -399,7 +389,7 @@ class HTTPEngine:
         path, payload = self.request_for(prompt)
         where = f"{endpoint.url}{path}"
         timeout_s = self.config.generation.request_timeout_s
-        shard = endpoint.least_busy_client()
+        shard = endpoint.loads.index(min(endpoint.loads))  # the least busy client
         endpoint.outstanding += 1
         endpoint.loads[shard] += 1
         try:

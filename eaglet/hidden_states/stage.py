@@ -227,15 +227,6 @@ def write_index(folder: Path, specs: list[ShardSpec]) -> dict[str, dict[str, Any
     return files
 
 
-def finished_bytes(folder: Path, specs: list[ShardSpec]) -> int:
-    total = 0
-    for spec in specs:
-        record = read_record(folder, spec.name)
-        if record is not None:
-            total += record["bytes"]
-    return total
-
-
 class Progress:
     """Tokens done against the plan, with rate and ETA, reported at most every `every_s`."""
 
@@ -262,56 +253,6 @@ class Progress:
         return self.done / max(self.total, 1)
 
 
-def stage_info(
-    specs: list[ShardSpec],
-    storage: str,
-    backend: str,
-    aux_layer_ids: list[int],
-    num_layers: int,
-    hidden_size: int,
-) -> dict[str, Any]:
-    return {
-        "aux_layer_ids": aux_layer_ids,
-        "aux_layer_convention": AUX_LAYER_CONVENTION,
-        "num_hidden_layers": num_layers,
-        "hidden_size": hidden_size,
-        "storage": storage,
-        "backend": backend,
-        "bytes_per_token": bytes_per_token(hidden_size, storage, len(aux_layer_ids)),
-        "shards": [s.name for s in specs],
-        "tokens": sum(s.tokens for s in specs),
-        "samples": sum(s.samples for s in specs),
-    }
-
-
-def prepare(
-    folder: Path,
-    examples_path: Path,
-    shard_tokens: int,
-    hidden_size: int,
-    storage: str,
-    work_dir: Path,
-) -> list[ShardSpec]:
-    """Plan (or reload the plan) and check the disk budget before any shard is built."""
-    check_storage(storage)
-    specs = load_or_write_plan(folder, examples_path, shard_tokens)
-    check_disk_budget(
-        work_dir,
-        sum(s.tokens for s in specs),
-        hidden_size,
-        storage,
-        already_written=finished_bytes(folder, specs),
-    )
-    return specs
-
-
-def open_source(config: PipelineConfig) -> FeatureSource:
-    """The configured backend's source of the target's features at the layers the run's draft
-    method reads (hf: the target loaded in this process; vllm: a client of its servers)."""
-    backend = hidden_states_backend(config.hidden_states.backend)
-    return backend.open(config.target, config.hidden_states, target_shape(config)[2])
-
-
 def backend_factory(
     config: PipelineConfig,
     stack: ExitStack | None = None,
@@ -327,11 +268,13 @@ def backend_factory(
     def get() -> FeatureSource:
         if not made:
             apply_threads("hidden_states", report=report)  # in the thread that computes
+            backend = hidden_states_backend(config.hidden_states.backend)
             run = config
             if stack is not None:
-                backend = hidden_states_backend(config.hidden_states.backend)
                 run = stack.enter_context(backend.serving(config, folder, report))
-            made.append(open_source(run))
+            # at the layers the run's draft method reads (hf: the target loaded in this
+            # process; vllm: a client of its servers)
+            made.append(backend.open(run.target, run.hidden_states, target_shape(run)[2]))
             if stack is not None:
                 stack.callback(made[0].close)
         return made[0]
@@ -346,16 +289,23 @@ def target_shape(config: PipelineConfig) -> tuple[int, int, list[int]]:
 
 
 def prepare_stage(config: PipelineConfig, folder: Path, examples_path: Path) -> list[ShardSpec]:
-    """Plan the shards and check the disk budget (before any work)."""
+    """Plan the shards (or reload the plan) and check the disk budget (before any work)."""
     _, hidden_size, _ = target_shape(config)
-    return prepare(
-        folder,
-        examples_path,
-        config.hidden_states.shard_tokens,
-        hidden_size,
-        config.hidden_states.storage,
+    storage = config.hidden_states.storage
+    check_storage(storage)
+    specs = load_or_write_plan(folder, examples_path, config.hidden_states.shard_tokens)
+    check_disk_budget(
         Path(config.work_dir),
+        sum(s.tokens for s in specs),
+        hidden_size,
+        storage,
+        already_written=sum(
+            record["bytes"]
+            for spec in specs
+            if (record := read_record(folder, spec.name)) is not None
+        ),
     )
+    return specs
 
 
 def stage_body(
@@ -406,8 +356,20 @@ def stage_body(
                 f"(same token ids, target, layers, storage and code), {computed} computed"
             )
         files = write_index(folder, specs)
-        info = stage_info(specs, settings.storage, settings.backend, ids, num_layers, hidden_size)
-        info.update(reused_samples=reused, computed_samples=computed)
+        info = {
+            "aux_layer_ids": ids,
+            "aux_layer_convention": AUX_LAYER_CONVENTION,
+            "num_hidden_layers": num_layers,
+            "hidden_size": hidden_size,
+            "storage": settings.storage,
+            "backend": settings.backend,
+            "bytes_per_token": bytes_per_token(hidden_size, settings.storage, len(ids)),
+            "shards": [s.name for s in specs],
+            "tokens": sum(s.tokens for s in specs),
+            "samples": sum(s.samples for s in specs),
+            "reused_samples": reused,
+            "computed_samples": computed,
+        }
         counts = {"records": info["samples"], "tokens": info["tokens"]}
         return StageOutput(counts=counts, info=info, files=files)
 

@@ -13,12 +13,7 @@ from pathlib import Path
 
 from eaglet.cache import code_hash, stage_config
 from eaglet.config import PipelineConfig
-from eaglet.draft.calibration import (
-    CALIBRATION_PLOT_FILE,
-    SERVING_FILE,
-    machine,
-    plot_calibration,
-)
+from eaglet.draft.calibration import CALIBRATION_PLOT_FILE, SERVING_FILE, machine, plot_calibration
 from eaglet.draft.engine_check import check_exports, engine_check_cells
 from eaglet.draft.evaluate import evaluation_report
 from eaglet.draft.methods import draft_method

@@ -118,14 +118,6 @@ def run(
         counts={"records": report["records"]},
         info={
             "target_model": str(model.resolve()) if model.is_dir() else target.model,
-            "quality": {
-                k: report[k]
-                for k in (
-                    "reasoning_format",
-                    "records",
-                    "reasoning_capture_rate",
-                    "truncation_rate",
-                )
-            },
+            "quality": {k: report[k] for k in QUALITY_FIGURES},
         },
     )

@@ -16,12 +16,7 @@ from pathlib import Path
 from eaglet.canary import run_canary
 from eaglet.config import PipelineConfig
 from eaglet.engines.registry import engine_spec, make_engine
-from eaglet.generation import (
-    Failure,
-    GenerationProgress,
-    TooManyFailuresError,
-    run_generation_sync,
-)
+from eaglet.generation import Failure, GenerationProgress, TooManyFailuresError, run_generation_sync
 from eaglet.records.io import read_jsonl, sort_jsonl
 from eaglet.records.prompts import Prompt, conversation_id
 from eaglet.reuse import seed_generations
@@ -92,10 +87,9 @@ def run(
     for name in (GENERATIONS_FILE, FAILED_FILE):
         sort_jsonl(folder / name, rank)
     _failed_samples_artifact(ctx, failed_path)
-    figures = summary.as_dict()
     return StageOutput(
         counts=_counts(folder),
-        info={"engine": config.generation.engine, **figures, "reused": reused},
+        info={"engine": config.generation.engine, **summary.as_dict(), "reused": reused},
     )
 
 

@@ -44,12 +44,7 @@ from eaglet.draft.methods.base import (
     own,
 )
 from eaglet.draft.methods.dflash_model import DFlashConfig, DFlashDraft, block_mask
-from eaglet.draft.methods.loss import (
-    PositionStats,
-    counted_positions,
-    position_loss,
-    target_probs,
-)
+from eaglet.draft.methods.loss import PositionStats, counted_positions, position_loss, target_probs
 from eaglet.draft.methods.speculators import speculators_section, verifier_name, write_same_weights
 from eaglet.hidden_states.layers import AUX_LAYER_CONVENTION, default_aux_layer_ids
 from eaglet.storage import atomic_folder

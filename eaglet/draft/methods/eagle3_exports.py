@@ -32,7 +32,6 @@ folder as a plain draft model, which kills the engine at the first request
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -50,7 +49,7 @@ from eaglet.draft.methods.eagle3_checkpoint import (
     aux_layer_ids,
 )
 from eaglet.draft.methods.eagle3_model import ARCHITECTURE_VARIANTS
-from eaglet.draft.methods.speculators import speculators_section, verifier_name
+from eaglet.draft.methods.speculators import speculators_section, verifier_name, write_same_weights
 from eaglet.storage import atomic_folder
 from eaglet.target import load_config
 
@@ -133,17 +132,11 @@ def write_sglang_export(draft_dir: Path, out_dir: Path) -> Path:
     config["eagle_aux_hidden_state_layer_ids"] = ids
     config.setdefault("eagle_config", {})["eagle_aux_hidden_state_layer_ids"] = ids
     config.setdefault("eaglet", {})["aux_layer_convention"] = SGLANG_AUX_LAYER_CONVENTION
-    with atomic_folder(out_dir) as tmp:
-        shutil.copyfile(draft_dir / "model.safetensors", tmp / "model.safetensors")
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return out_dir
+    return write_same_weights(draft_dir, out_dir, config)
 
 
 def speculators_config_json(
-    config: dict,
-    verifier: str,
-    verifier_architectures: list[str],
-    num_speculative_tokens: int,
+    config: dict, verifier: str, verifier_architectures: list[str], num_speculative_tokens: int
 ) -> dict:
     """speculators' `Eagle3SpeculatorConfig` as JSON, from the vLLM export's config."""
     layer_keys = (

@@ -96,7 +96,7 @@ def position_loss(
 class PositionStats:
     """Per predicted position of one piece (a micro-batch): the summed loss, the positions
     where the draft's argmax is the target's (`hits`) and the counted positions. The sums add
-    up across pieces and processes; `loss` and `acc` are this piece's means."""
+    up across pieces and processes."""
 
     loss_sum: list[float] = field(default_factory=list)
     hits: list[int] = field(default_factory=list)
@@ -107,11 +107,3 @@ class PositionStats:
         self.loss_sum.append(float(loss_sum.detach()))
         self.hits.append(int(hits))
         self.count.append(int(count))
-
-    @property
-    def loss(self) -> list[float]:
-        return [s / max(n, 1) for s, n in zip(self.loss_sum, self.count, strict=True)]
-
-    @property
-    def acc(self) -> list[float]:
-        return [h / max(n, 1) for h, n in zip(self.hits, self.count, strict=True)]
