@@ -17,19 +17,16 @@ from prefect.events import DeploymentEventTrigger
 
 from eaglet.refresh import CHANGED_EVENT
 
-TRIGGER = "eaglet: refresh a draft when its target changes"
-WATCH_EVERY = timedelta(hours=1)
-
 
 def watch_schedule() -> IntervalSchedule:
-    return IntervalSchedule(interval=WATCH_EVERY)
+    return IntervalSchedule(interval=timedelta(hours=1))
 
 
 def refresh_trigger() -> DeploymentEventTrigger:
     """On each `eaglet.target.changed`, a run of the refresh deployment for the event's work
     dir."""
     return DeploymentEventTrigger(
-        name=TRIGGER,
+        name="eaglet: refresh a draft when its target changes",
         description="The watch deployment emits the event (eaglet serve / prefect.yaml).",
         expect={CHANGED_EVENT},
         posture="Reactive",

@@ -52,8 +52,6 @@ class Notice:
 
 # Config, draft method (the run's name) and outcome (its state's name), whatever the kind.
 SUBJECT = "eaglet {{ flow_run.name }}: {{ flow_run.state.name }}"
-
-
 NOTICES = (
     Notice(
         name="eaglet: a run failed or crashed",

@@ -53,7 +53,7 @@ from eaglet.draft.methods import DEFAULT_METHOD, METHODS
 from eaglet.engines.registry import engine_spec
 from eaglet.fingerprints import file_fingerprint, model_fingerprint, target_parts
 from eaglet.hidden_states.backends import BACKENDS
-from eaglet.stages import LAYER_IDS, STAGE, TARGET_PART_OF, PlugIn
+from eaglet.stages import LAYER_IDS, STAGE, STAGES, TARGET_PART_OF, PlugIn
 from eaglet.storage import Manifest, canonical_json, sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -417,8 +417,6 @@ def pipeline_code_version(root: Path = ROOT) -> str:
     """What code a deployment runs: the hash of every stage's modules, and the git commit with
     `+modified` when the project's tracked files differ from it (a deployment's version that
     stayed the commit while edited code ran told nobody)."""
-    from eaglet.stages import STAGES
-
     digest = hashlib.sha256("".join(code_hash(stage) for stage in STAGES).encode())
     version = f"code {digest.hexdigest()[:12]}"
     try:

@@ -124,7 +124,6 @@ def what_to_do(
 ) -> list[str]:
     """The markdown lines that say how to go on after `stage` failed with `entry['error']`."""
     keys = settings_to_change(stage, entry)
-    can_retry = bool(entry.get("retry_can_succeed"))
     fields = ", ".join(field_for(k, origin) for k in keys)
     ui = origin.started_from != "shell"
     again = (
@@ -138,7 +137,7 @@ def what_to_do(
         if ui
         else f"run `{resume_command}` again"
     )
-    if can_retry:
+    if entry.get("retry_can_succeed"):
         lines = [
             f"**Retry can succeed**: this looks like a passing fault (a connection, a timeout, a "
             f"busy server). Once the cause is gone (the server is up again), {again}."

@@ -235,11 +235,11 @@ def promotion_decided_by_refresh() -> Iterator[None]:
         _REFRESHING.reset(token)
 
 
-def promote_completed_run(config: PipelineConfig, run: RunRecord) -> bool:
+def promote_completed_run(config: PipelineConfig, run: RunRecord) -> None:
     """Make the draft of a run that trained and measured it (`run.json`) the current one; not
-    within a refresh. Returns whether it did."""
+    within a refresh."""
     if _REFRESHING.get() or not {TRAIN, EVALUATE} <= set(finished_stages(run)):
-        return False
+        return
     train, evaluate = run["stages"][TRAIN], run["stages"][EVALUATE]
     work_dir = Path(config.work_dir)
     report = stage_folder(work_dir, EVALUATE, evaluate["key"]) / REPORT_FILE
@@ -249,4 +249,3 @@ def promote_completed_run(config: PipelineConfig, run: RunRecord) -> bool:
         promoted_from_run(train["key"], config.target.model, trained_parts(config),
                           tau, "a run trained and measured it"),
     )  # fmt: skip
-    return True

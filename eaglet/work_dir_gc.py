@@ -67,9 +67,7 @@ def folder_bytes(folder: Path) -> int:
 def _run_keys(work_dir: Path) -> dict[str, set[str]] | None:
     """stage -> the keys a work dir's `run.json` names (None without a readable record)."""
     run = read_run_record(work_dir)
-    if run is None:
-        return None
-    return {stage: {key} for stage, key in recorded_keys(run).items()}
+    return None if run is None else {stage: {key} for stage, key in recorded_keys(run).items()}
 
 
 def _plan_keys(work_dir: Path) -> tuple[dict[str, set[str]], str | None]:

@@ -15,10 +15,11 @@ import sys
 import warnings
 from pathlib import Path
 
-from eaglet import work_dir_lock
+from eaglet import shutdown, work_dir_lock
 from eaglet.config import ConfigError, DeprecatedSpelling
 from eaglet.preflight import PreflightError
 from eaglet.run_report import RUN_FILE, finished_stages, read_run_record
+from eaglet.storage import DiskFullError, is_disk_full
 from eaglet_prefect.flows.commands import COMMANDS
 from eaglet_prefect.flows.commands.run import WORK_DIR_LOCKED_EXIT
 from eaglet_prefect.flows.prefect_server import CredentialsRefused, TemporaryPrefectServer
@@ -55,8 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command not in ("demo", "run"):
         return _run_command(args)
-    from eaglet import shutdown
-
     # SIGINT/SIGTERM at any moment: a one-line message, exit 130/143 within seconds
     # (eaglet/shutdown.py); the stage interrupted resumes on the next run.
     with shutdown.handling():
@@ -83,8 +82,6 @@ def _run_command(args: argparse.Namespace) -> int:
 def _failure_line(exc: BaseException, args: argparse.Namespace) -> str:
     """The last line of a failed run: the error as the stage said it; a full disk met outside
     a stage's folder (the run's records, Prefect's files) names the file and the work dir."""
-    from eaglet.storage import DiskFullError, is_disk_full
-
     if is_disk_full(exc) and not isinstance(exc, DiskFullError):
         config = getattr(args, "loaded_config", None)
         where = getattr(exc, "filename", None) or (config.work_dir if config else "the work dir")

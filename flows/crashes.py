@@ -10,12 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from eaglet.run_report import (
-    RESTARTS_PARTIAL,
-    RESUMES_PARTIAL,
-    finished_stages,
-    read_run_record,
-)
+from eaglet.run_report import RESTARTS_PARTIAL, RESUMES_PARTIAL, finished_stages, read_run_record
 
 
 def work_dir_of(parameters: dict[str, Any]) -> Path | None:

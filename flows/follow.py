@@ -95,15 +95,6 @@ def measure_draft(config: PipelineConfig, draft_dir: str) -> dict:
     return measure(config, Path(draft_dir), progress=print)
 
 
-def _table(rows: dict[str, dict]) -> str:
-    lines = ["| set | τ at training | τ on the new target | change |", "|---|---|---|---|"]
-    lines += [
-        f"| {name} | {row['before']:.3f} | {row['now']:.3f} | {-100 * row['drop']:+.1f}% |"
-        for name, row in rows.items()
-    ]
-    return "\n".join(lines)
-
-
 @flow(name="eaglet-refresh", log_prints=True)
 def refresh(work_dir: str = "runs/demo", config_path: str = "") -> State:
     """Measure the current draft on the (changed) target; when its τ fell by no more than
@@ -129,7 +120,12 @@ def refresh(work_dir: str = "runs/demo", config_path: str = "") -> State:
         for line in decided["lines"]:
             print(line)
         report = f"# Refresh of {work_dir}\n\nThe current draft `{draft.draft}`:\n\n"
-        report += _table(decided["sets"]) + "\n\n" + decided["lines"][-1] + "\n"
+        table = ["| set | τ at training | τ on the new target | change |", "|---|---|---|---|"]
+        table += [
+            f"| {name} | {row['before']:.3f} | {row['now']:.3f} | {-100 * row['drop']:+.1f}% |"
+            for name, row in decided["sets"].items()
+        ]
+        report += "\n".join(table) + "\n\n" + decided["lines"][-1] + "\n"
         if decided["keep"]:
             keep_serving(Path(config.work_dir), draft, target, now)
             create_markdown_artifact(report, key="refresh-report", description="kept: τ held")

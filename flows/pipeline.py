@@ -25,7 +25,6 @@ from eaglet.preflight import run_preflight, take_passed_ahead
 from eaglet.refresh import promote_completed_run
 from eaglet.run_report import (
     RunRecord,
-    StageEntry,
     failed_stages,
     failure_entry,
     start_run_record,
@@ -91,19 +90,6 @@ def preflight(config: PipelineConfig, until: str = STAGES[-1]) -> None:
         return
     for line in lines:
         print(line)
-
-
-def interrupted_entry(
-    stage: str, config: PipelineConfig, inputs: dict, exc: BaseException, seconds: float
-) -> StageEntry:
-    """The `run.json` entry of a stage stopped by SIGINT/SIGTERM: its partial folder's files
-    without counting their records (a 10 GB file would take longer than the exit may)."""
-    key, partial = partial_folder(stage, config, inputs)
-    entry: StageEntry = {
-        **failure_entry(key, partial, str(exc), seconds, counted=False),
-        "state": "Crashed",
-    }
-    return entry
 
 
 @flow(name="eaglet-pipeline", flow_run_name=run_name, log_prints=True, on_crashed=[report_crash])
@@ -313,8 +299,14 @@ def run_task(
             shutdown.raise_if_requested()
     except shutdown.Interrupted as exc:  # SIGINT/SIGTERM: the task run is marked Crashed
         if not exc.stage.startswith(BETWEEN_STAGES):  # one from before it began is not its crash
-            entry = interrupted_entry(stage, config, inputs, exc, time.time() - started)
-            record["stages"][stage] = entry
+            # its partial folder's files without counting their records (a 10 GB file would
+            # take longer than the exit may)
+            seconds = time.time() - started
+            key, partial = partial_folder(stage, config, inputs)
+            record["stages"][stage] = {
+                **failure_entry(key, partial, str(exc), seconds, counted=False),
+                "state": "Crashed",
+            }
             write_run_record(work_dir, record)
         raise
     record["running"] = None

@@ -160,12 +160,6 @@ def profile_setting(name: str) -> str | None:
     return str(value) if value else None
 
 
-def profile_api_url() -> str | None:
-    """PREFECT_API_URL set in the active Prefect profile: a running server the run uses
-    instead of a temporary one."""
-    return profile_setting("PREFECT_API_URL")
-
-
 class CredentialsRefused(RuntimeError):
     """The Prefect server at PREFECT_API_URL answered 401: it wants credentials this client
     lacks (or has wrong). The message says which setting to give, never its value."""
@@ -199,8 +193,6 @@ def check_credentials(api_url: str) -> None:
 SERVER_WAIT_S = 120
 # ... but where nothing on this machine is starting one, a loopback URL gets this long.
 NO_SERVER_STARTING_WAIT_S = 5
-
-
 DEFAULT_SERVER_PORT = 4200  # `prefect server start` without --port
 
 

@@ -106,8 +106,7 @@ def refusals_reported(origin: RunOrigin) -> Iterator[None]:
     try:
         yield
     except REFUSALS as exc:
-        problems = problems_of(exc)
-        get_run_logger().error("refused before any stage: %s", problems[0])
+        get_run_logger().error("refused before any stage: %s", problems_of(exc)[0])
         create_markdown_artifact(
             refusal_markdown(exc, origin),
             key="run-refused",

@@ -35,8 +35,6 @@ from eaglet.stages import PRODUCER, STAGES
 FLOWS = ("eaglet-pipeline", "eaglet-pipeline-short-form")
 NAMING_EVERY_S = 2.0
 NAMED = "pipeline["  # how every name `run_label` gives begins (Prefect's own never does)
-
-
 TRAINS = STAGES[STAGES.index(PRODUCER["draft"]) :]  # a run stopping at one of these trains a draft
 
 
@@ -69,15 +67,14 @@ def run_label_of(parameters: dict[str, Any]) -> str:
     return run_label(config.name, parameters, config.train.method)
 
 
-def name_waiting_runs() -> int:
+def name_waiting_runs() -> None:
     """Rename every scheduled or pending run of eaglet's flows that does not carry its name
-    yet; how many were renamed."""
+    yet."""
     waiting = FlowRunFilter(
         state=FlowRunFilterState(
             type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING])
         )
     )
-    renamed = 0
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(
             flow_filter=FlowFilter(name=FlowFilterName(any_=list(FLOWS))),
@@ -90,16 +87,14 @@ def name_waiting_runs() -> int:
             name = run_label_of(dict(run.parameters))
             if run.name != name:
                 client.update_flow_run(run.id, name=name)
-                renamed += 1
-    return renamed
 
 
 WAITING = "AwaitingConcurrencySlot"
 
 
-def explain_waiting_runs(told: set[str]) -> int:
+def explain_waiting_runs(told: set[str]) -> None:
     """Log, once on each run of eaglet's flows waiting for its deployment's slot (ids in
-    `told`), which run of the deployment holds it; how many were told."""
+    `told`), which run of the deployment holds it."""
     eaglet = FlowFilter(name=FlowFilterName(any_=list(FLOWS)))
     state = FlowRunFilterState(name=FlowRunFilterStateName(any_=[WAITING]))
     logs = []
@@ -128,10 +123,9 @@ def explain_waiting_runs(told: set[str]) -> int:
             told.add(str(run.id))
         if logs:
             client.create_logs(logs)
-    return len(logs)
 
 
-def name_new_runs(stop: threading.Event) -> threading.Thread:
+def name_new_runs(stop: threading.Event) -> None:
     """Start a daemon thread that names waiting runs, and tells a run waiting for its
     deployment's slot what it waits for, every `NAMING_EVERY_S` until `stop`; a failed round
     (a busy server) is tried again at the next."""
@@ -145,6 +139,4 @@ def name_new_runs(stop: threading.Event) -> threading.Thread:
             except Exception:  # noqa: BLE001 - names are cosmetic: never stop serving
                 continue
 
-    thread = threading.Thread(target=loop, name="eaglet-run-names", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=loop, name="eaglet-run-names", daemon=True).start()

@@ -123,19 +123,15 @@ class EvaluateConfig(VllmServerSettings):
         return self
 
     @property
-    def calibration_can_run(self) -> bool:
-        """A served check in servers eaglet starts, at some concurrency: a server per k."""
-        return bool(
+    def calibrates(self) -> bool:
+        """Whether the served check calibrates k (`calibration`: null is wherever it can: a
+        served check in servers eaglet starts, at some concurrency, a server per k)."""
+        return self.calibration is not False and bool(
             self.serving == "vllm"
             and self.vllm_python
             and not self.serving_endpoint
             and self.speedup_concurrency
         )
-
-    @property
-    def calibrates(self) -> bool:
-        """Whether the served check calibrates k (`calibration`: null is wherever it can)."""
-        return self.calibration is not False and self.calibration_can_run
 
     @model_validator(mode="after")
     def _calibration_can_run(self) -> EvaluateConfig:

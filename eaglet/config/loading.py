@@ -103,16 +103,15 @@ def resolve_paths(config: PipelineConfig, base: str | Path) -> PipelineConfig:
     `target.model` or dataset `path` unless it is a hub id (eaglet/local_paths.py: the one
     rule; a local folder that does not exist yet is still local)."""
     base = Path(base).expanduser().absolute()
+
+    def located(path: str) -> str:  # a dataset or evaluation-set file, or a hub dataset id
+        return absolute(path, base, hub_id=is_hub_dataset(path, base))
+
     updates: dict[str, Any] = {"work_dir": absolute(config.work_dir, base, hub_id=False)}
     target = config.target
     model = absolute(target.model, base, hub_id=is_hub_id(target.model, base))
     updates["target"] = target.model_copy(update={"model": model})
-    updates["datasets"] = [
-        spec.model_copy(
-            update={"path": absolute(spec.path, base, hub_id=is_hub_dataset(spec.path, base))}
-        )
-        for spec in config.datasets
-    ]
+    updates["datasets"] = [d.model_copy(update={"path": located(d.path)}) for d in config.datasets]
     sections = {}
     for name in BACKENDS:
         section = getattr(config.hidden_states, name)
@@ -125,12 +124,7 @@ def resolve_paths(config: PipelineConfig, base: str | Path) -> PipelineConfig:
             sections[name] = section.model_copy(update=paths)
     if sections:
         updates["hidden_states"] = config.hidden_states.model_copy(update=sections)
-    sets = [
-        spec.model_copy(
-            update={"path": absolute(spec.path, base, hub_id=is_hub_dataset(spec.path, base))}
-        )
-        for spec in config.evaluate.sets
-    ]
+    sets = [s.model_copy(update={"path": located(s.path)}) for s in config.evaluate.sets]
     updates["evaluate"] = config.evaluate.model_copy(update={"sets": sets})
     return config.model_copy(update=updates)
 

@@ -115,14 +115,13 @@ def preflight(config: PipelineConfig, until: str = STAGES[-1]) -> PreflightRepor
 
 def run_preflight(
     config: PipelineConfig, log: Callable[[str], None] = say, until: str = STAGES[-1]
-) -> PreflightReport:
+) -> None:
     """The flow's one call before its first stage: `preflight(config)`, its report logged, a
     `PreflightError` raised on any problem. It only checks: the flow builds the demo's model
     and data first, in its demo-setup task (`eaglet.fixture.demo.ensure_demo_inputs`)."""
     report = preflight(config, until)
     log(report.render())
     report.raise_if_failed()
-    return report
 
 
 # config (as JSON) -> the report lines of a preflight that passed before its flow run existed

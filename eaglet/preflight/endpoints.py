@@ -112,12 +112,6 @@ def not_vllm_problem(setting: str, url: str, needed: str, instead: str) -> str |
     return None
 
 
-SERVED_TAU_NEEDS = "served τ is read from vLLM's spec-decode counters"
-SERVED_TAU_INSTEAD = (
-    "point it at a vLLM server started with the draft, or set evaluate.serving: none"
-)
-
-
 def _tcp_problem(setting: str, address: str) -> str | None:
     import socket
 
@@ -143,7 +137,10 @@ def check_endpoints(config: PipelineConfig, report: PreflightReport) -> None:
     if config.evaluate.serving == "vllm" and url:
         setting = "evaluate.serving_endpoint"
         problem = vllm_endpoint_problem(setting, url) or not_vllm_problem(
-            setting, url, SERVED_TAU_NEEDS, SERVED_TAU_INSTEAD
+            setting,
+            url,
+            "served τ is read from vLLM's spec-decode counters",
+            "point it at a vLLM server started with the draft, or set evaluate.serving: none",
         )
         if problem:
             report.problems.append(problem)

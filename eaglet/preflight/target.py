@@ -174,9 +174,8 @@ def load_target(config: PipelineConfig, report: PreflightReport) -> None:
                 "HF_HUB_OFFLINE"
             )
         return
-    if report.model_config is None:
-        return
-    report.passed.append(f"target.model {model}: config and tokenizer load")
+    if report.model_config is not None:
+        report.passed.append(f"target.model {model}: config and tokenizer load")
 
 
 def check_vocab(

@@ -7,14 +7,13 @@ import argparse
 from typing import Any
 
 from eaglet.config import PipelineConfig, load_config
+from eaglet.preflight import preflight
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Preflight checks of a config (eaglet/preflight/: files, target, layer ids, template,
     lengths, disk), then the canary against its servers with the canary's own limits. Every
     finding is one line naming the key or file and what to do; never a traceback."""
-    from eaglet.preflight import preflight
-
     config = load_config(args.config, args.set)
     print(f"config {args.config}: valid")
     problems: list[str] = []

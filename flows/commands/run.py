@@ -12,14 +12,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from eaglet import work_dir_lock
+from eaglet import shutdown, work_dir_lock
 from eaglet.config import PipelineConfig, load_config
-from eaglet.preflight import PreflightError, run_preflight_ahead
+from eaglet.preflight import PreflightError, preflight, run_preflight_ahead
 from eaglet.stages import DRAFT_FOLDER, PRODUCER, REPORT_FILE, STAGES
 from eaglet_prefect.flows.prefect_server import (
     TemporaryPrefectServer,
     check_credentials,
-    profile_api_url,
+    profile_setting,
 )
 
 # `eaglet run`/`demo` on a work dir another run holds: EX_TEMPFAIL, try again later.
@@ -36,8 +36,6 @@ class _WithoutTraceback(logging.Formatter):
         self.inner = inner
 
     def format(self, record: logging.LogRecord) -> str:
-        if not record.exc_info and not record.exc_text:
-            return self.inner.format(record)
         saved = record.exc_info, record.exc_text
         record.exc_info, record.exc_text = None, None
         try:
@@ -51,8 +49,7 @@ def console_without_tracebacks() -> None:
     and the CLI ends on eaglet's own `error:` line with what to do. The tracebacks stay in
     the run's logs in the Prefect UI (its API handler is untouched); EAGLET_TRACEBACKS=1 shows
     them here too."""
-    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
-    for logger in loggers:
+    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
         for handler in getattr(logger, "handlers", []):
             if type(handler).__name__ != "PrefectConsoleHandler":
                 continue
@@ -63,12 +60,10 @@ def console_without_tracebacks() -> None:
 def _run_pipeline(
     config: PipelineConfig, until: str, refresh_from: str | None, retry_failed: bool = False
 ) -> dict:
-    from eaglet import shutdown
-
     # Offline clusters are common: Prefect's usage telemetry would only log resolver errors.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     server = None
-    api_url = os.environ.get("PREFECT_API_URL") or profile_api_url()
+    api_url = os.environ.get("PREFECT_API_URL") or profile_setting("PREFECT_API_URL")
     if api_url:  # a server that wants credentials this client lacks: said now, nothing ran
         check_credentials(api_url)
     # From the main thread only: PR_SET_PDEATHSIG would fire when another thread exits.
@@ -182,7 +177,6 @@ def print_plan(config: PipelineConfig, until: str, refresh_from: str | None) -> 
     """`eaglet run --plan`: the preflight and the lock first, as the run meets them, then per
     stage Cached or why it runs; nothing runs, no lock taken. 2 when the preflight would
     refuse the run (then no stage would run, and none is listed)."""
-    from eaglet.preflight import preflight
     from eaglet.stage_reasons import plan_run
 
     print(f"plan for {config.work_dir} (nothing runs):")

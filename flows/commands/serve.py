@@ -10,7 +10,7 @@ import sys
 from eaglet_prefect.flows.prefect_server import (
     SERVER_WAIT_S,
     check_credentials,
-    profile_api_url,
+    profile_setting,
     server_wait_s,
     wait_for_server,
 )
@@ -21,7 +21,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # A run submitted in the UI starts within ~2 s, not Prefect's 10 s poll (its first sign
     # of life on the run page, issue 38); set the variable to choose otherwise.
     os.environ.setdefault("PREFECT_RUNNER_POLL_FREQUENCY", "2")
-    api_url = os.environ.get("PREFECT_API_URL") or profile_api_url()
+    api_url = os.environ.get("PREFECT_API_URL") or profile_setting("PREFECT_API_URL")
     wait_s = server_wait_s(api_url) if api_url else 0
     if api_url and not wait_for_server(api_url, wait_s):
         starting = "" if wait_s == SERVER_WAIT_S else " (and no process here is starting one)"
@@ -62,7 +62,6 @@ def cmd_notify(args: argparse.Namespace) -> int:
     return 0
 
 
-NOTIFY_ARGS = ("--notify",)
 NOTIFY_OPTIONS = {"metavar": "BLOCK", "default": os.environ.get("EAGLET_NOTIFY_BLOCK") or None}
 NOTIFY_HELP = (
     "a Prefect notification block (<type>/<name>, e.g. slack-webhook/team, or its name) to "
@@ -73,7 +72,7 @@ NOTIFY_HELP = (
 
 def register(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser("serve", help="serve the deployments for the Prefect UI")
-    serve.add_argument(*NOTIFY_ARGS, **NOTIFY_OPTIONS, help=NOTIFY_HELP + " (optional)")
+    serve.add_argument("--notify", **NOTIFY_OPTIONS, help=NOTIFY_HELP + " (optional)")
     serve.set_defaults(handler=cmd_serve)
 
     notify = commands.add_parser(
