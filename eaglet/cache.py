@@ -286,6 +286,10 @@ KEYED_AS: dict[str, str] = {
     "664a0935461341c14248114e3dc606ae217128a77418d18935c6cb7c38409d7d",
     "64e0a4a816200d47dae7b8f04422c494f8ba3b894c524a7efcc2fb79cebdc39f":
     "9244889caf2e9260526d64904718a4d0afaa3caeee18d2451e7f459f697f8bc0",
+    # The vLLM server check, once, in the preflight (`check_vllm_server`): the same messages
+    # (issue 50): eaglet.hidden_states.backends.vllm
+    "2fa4301b4e17db16916255e2bd2113da34aabcc3e664142846e08d453a9223da":
+    "c5513991e0943b7b23c697d994644b21eb858e696e1c61450005938d335f85dd",
 }  # fmt: skip
 
 

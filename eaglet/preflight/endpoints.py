@@ -112,6 +112,19 @@ def not_vllm_problem(setting: str, url: str, needed: str, instead: str) -> str |
     return None
 
 
+def check_vllm_server(
+    setting: str, url: str, needed: str, instead: str, report: PreflightReport
+) -> None:
+    """`url` (the value of `setting`) answers as a vLLM server does, or the problem: refused,
+    timed out, no `/v1/models`, or no vLLM counters (`needed` says what needs vLLM, `instead`
+    what to do)."""
+    problem = vllm_endpoint_problem(setting, url) or not_vllm_problem(setting, url, needed, instead)
+    if problem:
+        report.problems.append(problem)
+    else:
+        report.passed.append(f"{setting} {url}: a vLLM server answers")
+
+
 def _tcp_problem(setting: str, address: str) -> str | None:
     import socket
 
@@ -135,17 +148,13 @@ def check_endpoints(config: PipelineConfig, report: PreflightReport) -> None:
     canary's (the first minute of generate); the hidden-state backend's are its own check."""
     url = config.evaluate.serving_endpoint
     if config.evaluate.serving == "vllm" and url:
-        setting = "evaluate.serving_endpoint"
-        problem = vllm_endpoint_problem(setting, url) or not_vllm_problem(
-            setting,
+        check_vllm_server(
+            "evaluate.serving_endpoint",
             url,
             "served τ is read from vLLM's spec-decode counters",
             "point it at a vLLM server started with the draft, or set evaluate.serving: none",
+            report,
         )
-        if problem:
-            report.problems.append(problem)
-        else:
-            report.passed.append(f"{setting} {url}: a vLLM server answers")
     execution = config.execution
     if execution.task_runner == "dask" and execution.dask_address:
         problem = _tcp_problem("execution.dask_address", execution.dask_address)

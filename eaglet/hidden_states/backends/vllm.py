@@ -470,11 +470,7 @@ class VllmServerBackend:
         one with finds vLLM (and its server on 127.0.0.1 is not one that the workers of
         a Dask cluster elsewhere must reach); or the servers someone else runs answer as vLLM
         does, and their connector folder holds only connector files."""
-        from eaglet.preflight.endpoints import (
-            check_python_with_vllm,
-            not_vllm_problem,
-            vllm_endpoint_problem,
-        )
+        from eaglet.preflight.endpoints import check_python_with_vllm, check_vllm_server
 
         settings = config.hidden_states.vllm
         python = settings.vllm_python
@@ -497,13 +493,7 @@ class VllmServerBackend:
         online = " (online training)" if config.train.hidden_states == "online" else ""
         for i, url in enumerate(settings.endpoints):
             setting = f"hidden_states.vllm.endpoints[{i}]{online}"
-            problem = vllm_endpoint_problem(setting, url) or not_vllm_problem(
-                setting, url, HIDDEN_STATES_NEED, HIDDEN_STATES_INSTEAD
-            )
-            if problem:
-                report.problems.append(problem)
-            else:
-                report.passed.append(f"{setting} {url}: a vLLM server answers")
+            check_vllm_server(setting, url, HIDDEN_STATES_NEED, HIDDEN_STATES_INSTEAD, report)
 
 
 BACKEND = VllmServerBackend()
