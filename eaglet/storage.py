@@ -286,11 +286,9 @@ def check_stage_folder(folder: Path, mode: str | None = None) -> Manifest | None
         return None
     problems = verify_files(folder, manifest, mode)
     if problems:
-        shown = "\n  ".join(problems[:20])
-        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
         raise StageCorruptError(
             f"the complete {manifest.stage} folder {Path(folder)} does not hold what its "
-            f"manifest says:\n  {shown}{more}\nrerun with --refresh-from {manifest.stage} to "
+            f"manifest says:\n  {_listed(problems)}\nrerun with --refresh-from {manifest.stage} to "
             "rebuild it (the folder is set aside, not deleted)"
         )
     return manifest
@@ -440,13 +438,17 @@ def _take_up_unsealed(
         warn(f"{missing}: not trusted as finished; {stage} runs again and replaces it")
 
 
+def _listed(problems: list[str], most: int = 20) -> str:
+    """The first `most` problems, one per indented line, and how many more there are."""
+    more = f"\n  ... and {len(problems) - most} more" if len(problems) > most else ""
+    return "\n  ".join(problems[:most]) + more
+
+
 def _check_records(stage: str, path: Path, expected: int | None) -> None:
     problems = record_file_problems(path, expected) if path.is_file() else []
     if problems:
-        shown = "\n  ".join(problems[:20])
-        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
         raise SealError(
-            f"{stage}: not sealed, its records are not one per sample: \n  {shown}{more}\n"
+            f"{stage}: not sealed, its records are not one per sample: \n  {_listed(problems)}\n"
             f"the folder {path.parent} is kept as it is; rerun with --refresh-from {stage} to "
             "write it again"
         )
